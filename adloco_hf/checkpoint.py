@@ -1,0 +1,229 @@
+"""Files AdLoCo writes: merged safetensors checkpoints with a model card, per-rank resume state, Hub uploads.
+
+Every folder is written under a temporary name next to its destination and renamed into place, so a process that
+dies while saving never leaves a half-written checkpoint where a complete one was expected. Model weights are
+written with safetensors (via `save_pretrained`); per-rank state is read back with `torch.load(weights_only=True)`.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+__all__ = [
+    "RANK_STATE_DIR",
+    "atomic_directory",
+    "atomic_write_text",
+    "get_hub_api",
+    "load_rank_state",
+    "model_card",
+    "push_folder",
+    "rank_state_path",
+    "save_model_folder",
+    "save_rank_state",
+    "state_dict_with",
+]
+
+RANK_STATE_DIR = "adloco"
+RANK_STATE_VERSION = 1
+
+
+@contextlib.contextmanager
+def atomic_directory(final_dir: str) -> Iterator[str]:
+    """Yield a temporary directory beside `final_dir`; on success it replaces `final_dir` in one rename.
+
+    An existing `final_dir` is first renamed aside and removed only after the new one is in place. On error the
+    temporary directory is removed and `final_dir` is left as it was.
+    """
+    final_dir = os.path.abspath(final_dir)
+    parent, name = os.path.split(final_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+    os.makedirs(tmp)
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        old = None
+        if os.path.exists(final_dir):
+            old = os.path.join(parent, f".{name}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(final_dir, old)
+        os.replace(tmp, final_dir)
+        _fsync_dir(parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fsync_dir(path: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _fsync_tree(root: str) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for filename in filenames:
+            with contextlib.suppress(OSError), open(os.path.join(dirpath, filename), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(dirpath)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def state_dict_with(model: torch.nn.Module, named_values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's state dict with some entries replaced (cast to the model's dtype), on the CPU."""
+    state = {}
+    for name, tensor in model.state_dict().items():
+        value = named_values.get(name, tensor)
+        state[name] = value.detach().to(device="cpu", dtype=tensor.dtype).contiguous()
+    return state
+
+
+def save_model_folder(
+    folder: str,
+    model,
+    *,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    processing_class=None,
+    card: str | None = None,
+    extra_files: dict[str, Any] | None = None,
+) -> str:
+    """Write a `from_pretrained`-loadable folder atomically: config, `model.safetensors`, tokenizer, card, JSON extras.
+
+    Call it on the writing rank only (`save_pretrained` writes on global rank 0 once a process group exists).
+    """
+    with atomic_directory(folder) as tmp:
+        model.save_pretrained(tmp, state_dict=state_dict, is_main_process=True)
+        if processing_class is not None:
+            processing_class.save_pretrained(tmp)
+        if card is not None:
+            with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
+                f.write(card)
+        for filename, payload in (extra_files or {}).items():
+            with open(os.path.join(tmp, filename), "w", encoding="utf-8") as f:
+                json.dump(payload, f, indent=2)
+                f.write("\n")
+    return folder
+
+
+def model_card(
+    *,
+    title: str,
+    settings: dict[str, Any],
+    summary: dict[str, Any] | None = None,
+    base_model: str | None = None,
+    datasets: list[str] | None = None,
+) -> str:
+    """A model card (README.md with Hub metadata) recording how the model was trained with AdLoCo."""
+    meta = ["---", "library_name: transformers", "tags:", "- adloco", "- diloco", "- adloco_hf"]
+    if base_model:
+        meta.append(f"base_model: {base_model}")
+    if datasets:
+        meta += ["datasets:", *[f"- {d}" for d in datasets]]
+    meta.append("---")
+    lines = [
+        *meta,
+        "",
+        f"# {title}",
+        "",
+        "Trained with [adloco_hf](https://github.com/adloco-hf/adloco_hf): AdLoCo ([arXiv 2508.18182]"
+        "(https://arxiv.org/abs/2508.18182)), low-communication DiLoCo training with adaptive batch sizes and several "
+        "model instances merged as training goes on. This checkpoint is the demand-weighted average of the instances "
+        "that remained.",
+        "",
+        "## AdLoCo settings",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        *[f"| `{k}` | `{v}` |" for k, v in settings.items()],
+    ]
+    if summary:
+        lines += ["", "## Run", "", "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in summary.items()]]
+    lines += [
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM",
+        "",
+        'model = AutoModelForCausalLM.from_pretrained("path/or/repo")',
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def rank_state_path(checkpoint_dir: str, rank: int) -> str:
+    return os.path.join(checkpoint_dir, RANK_STATE_DIR, f"rank-{rank}.pt")
+
+
+def save_rank_state(checkpoint_dir: str, rank: int, state: dict[str, Any]) -> str:
+    """Write one worker's resume state (tensors and plain values only), atomically."""
+    path = rank_state_path(checkpoint_dir, rank)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    torch.save({"version": RANK_STATE_VERSION, **state}, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load_rank_state(checkpoint_dir: str, rank: int) -> dict[str, Any]:
+    path = rank_state_path(checkpoint_dir, rank)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{path} is missing: {checkpoint_dir} was not written by AdLoCoTrainer with this many processes "
+            "(each worker needs its own state file)"
+        )
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state.get("version") != RANK_STATE_VERSION:
+        raise ValueError(f"{path} has state version {state.get('version')}, expected {RANK_STATE_VERSION}")
+    return state
+
+
+def get_hub_api(token: str | None = None):
+    """The `huggingface_hub.HfApi` used for every upload (tests replace this function with a recording fake)."""
+    from huggingface_hub import HfApi
+
+    return HfApi(token=token)
+
+
+def push_folder(
+    folder: str,
+    *,
+    repo_id: str,
+    path_in_repo: str | None = None,
+    commit_message: str,
+    token: str | None = None,
+    private: bool | None = None,
+    revision: str | None = None,
+):
+    """Create the repo if needed and upload `folder` to it (to `path_in_repo`, the root by default)."""
+    api = get_hub_api(token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    return api.upload_folder(
+        repo_id=repo_id,
+        folder_path=folder,
+        path_in_repo=path_in_repo,
+        commit_message=commit_message,
+        revision=revision,
+    )

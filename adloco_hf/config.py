@@ -1,0 +1,276 @@
+"""Configuration of AdLoCo training: `TrainingArguments` plus the rounds, instances and batch-size test."""
+
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+
+from .batch_size import BATCH_SIZE_TESTS
+
+
+__all__ = ["AdLoCoConfig"]
+
+MERGE_POLICIES = ("smallest_pair", "largest_smallest")
+INSTANCE_INITS = ("shared", "independent")
+PSEUDO_GRAD_DTYPES = ("float32", "bfloat16", "float16")
+OUTER_STATE_DEVICES = ("device", "cpu")
+# What `max_batch_size="auto"` means without CUDA: CPU memory is rarely the limit for the small models trained there,
+# and the micro-batch then only trades speed for memory.
+CPU_AUTO_MAX_BATCH_SIZE = 32
+
+
+@dataclass
+class AdLoCoConfig(TrainingArguments):
+    r"""
+    Configuration for [`AdLoCoTrainer`]: everything of [`~transformers.TrainingArguments`] plus AdLoCo's settings
+    (Kutuzov et al., 2025, [arXiv 2508.18182](https://arxiv.org/abs/2508.18182)).
+
+    Each process of `accelerate launch` is a *worker*. Workers are grouped into *instances*; each instance trains its
+    own model with DiLoCo: `inner_steps` local AdamW steps per worker, then one *round* ends with an outer step that
+    averages the workers' pseudo-gradients and applies an outer SGD. The initial per-worker batch is
+    `per_device_train_batch_size`; a batch-size test on the gradient noise grows it between rounds.
+
+    Parameters:
+        > Parameters that control the rounds (DiLoCo)
+
+        inner_steps (`int`, *optional*, defaults to `200`):
+            H, the inner (optimizer) steps per round. Workers communicate once per round.
+        outer_lr (`float`, *optional*, defaults to `0.7`):
+            Learning rate of the outer SGD (DiLoCo's value; the AdLoCo paper's table uses 0.5). With `outer_lr=1`
+            and `outer_momentum=0` the outer step is plain parameter averaging.
+        outer_momentum (`float`, *optional*, defaults to `0.9`):
+            Momentum of the outer SGD, in [0, 1).
+        outer_nesterov (`bool`, *optional*, defaults to `True`):
+            Use Nesterov momentum in the outer SGD (no effect when `outer_momentum=0`).
+        pseudo_grad_dtype (`str`, *optional*, defaults to `"bfloat16"`):
+            Precision of the pseudo-gradient all-reduce: `"float32"`, `"bfloat16"` (half the bytes) or `"float16"`.
+            Global weights and the outer momentum always stay in float32.
+        outer_state_device (`str`, *optional*, defaults to `"device"`):
+            Where the float32 global weights and outer momentum live: `"device"` (fast) or `"cpu"` (saves 2×
+            float32 parameters of accelerator memory).
+
+        > Parameters that control the instances (multi-instance training)
+
+        num_instances (`int`, *optional*, defaults to `1`):
+            K, the initial number of instances (the paper uses 4). Must not exceed the number of workers.
+        merge_every (`int`, *optional*, defaults to `3`):
+            Rounds between two merges while more than one instance remains; `0` never merges.
+        merge_policy (`str`, *optional*, defaults to `"smallest_pair"`):
+            `"smallest_pair"` merges the two instances with the smallest demand (batch × workers, the paper's
+            policy); `"largest_smallest"` merges the largest with the smallest.
+        instance_init (`str`, *optional*, defaults to `"shared"`):
+            `"shared"`: all instances start from the same weights; `"independent"`: instance i is re-initialised
+            with seed `seed + i`.
+        save_merges (`bool`, *optional*, defaults to `True`):
+            Save every merge as a safetensors checkpoint under `{output_dir}/merges/outer-{n}/`.
+
+        > Parameters that control the batch size (adaptive batching and switch mode)
+
+        batch_size_test (`str`, *optional*, defaults to `"norm"`):
+            `"norm"`, `"inner_product"`, `"augmented_inner_product"` or `"none"` (fixed batch).
+        eta (`float`, *optional*, defaults to `0.8`):
+            η of the norm test.
+        theta (`float`, *optional*, defaults to `0.3`):
+            ϑ of the inner-product tests (the paper's table: 0.01).
+        nu (`float`, *optional*, defaults to `0.3`):
+            ν of the augmented inner-product test.
+        max_batch_size (`int` or `str`, *optional*, defaults to `"auto"`):
+            The largest micro-batch a worker can run at once. `"auto"` searches it on CUDA; on CPU it means
+            `CPU_AUTO_MAX_BATCH_SIZE` (32).
+        batch_size_cap (`int`, *optional*):
+            Upper bound on the per-worker request (default: unbounded, but never more than a worker's data shard).
+        switch_threshold (`float`, *optional*, defaults to `2.0`):
+            γ ≥ 1 of switch mode: gradient accumulation starts once the request exceeds γ × `max_batch_size`;
+            between `max_batch_size` and that, the request is capped at `max_batch_size`.
+        memory_fraction (`float`, *optional*, defaults to `0.9`):
+            Share of free accelerator memory that `max_batch_size="auto"` may plan for (divided among the workers
+            that share a GPU).
+
+    > [!NOTE]
+    > Defaults that differ from [`~transformers.TrainingArguments`]: `save_steps=1000` (a multiple of the default
+    > `inner_steps`), `eval_steps` defaults to `inner_steps`, `average_tokens_across_devices=False` (it would
+    > all-gather token counts every step and couple the workers) and `ignore_data_skip=True` (the sampler restores
+    > its own position). `max_steps` must be set: the data never runs out, so it defines the run's length.
+    """
+
+    inner_steps: int = field(default=200, metadata={"help": "H, the inner (optimizer) steps per round."})
+    outer_lr: float = field(default=0.7, metadata={"help": "Learning rate of the outer SGD."})
+    outer_momentum: float = field(default=0.9, metadata={"help": "Momentum of the outer SGD, in [0, 1)."})
+    outer_nesterov: bool = field(default=True, metadata={"help": "Use Nesterov momentum in the outer SGD."})
+    pseudo_grad_dtype: str = field(
+        default="bfloat16",
+        metadata={"help": "Precision of the pseudo-gradient all-reduce.", "choices": list(PSEUDO_GRAD_DTYPES)},
+    )
+    outer_state_device: str = field(
+        default="device",
+        metadata={"help": "Where the fp32 global weights and momentum live.", "choices": list(OUTER_STATE_DEVICES)},
+    )
+    num_instances: int = field(default=1, metadata={"help": "K, the initial number of instances."})
+    merge_every: int = field(default=3, metadata={"help": "Rounds between merges; 0 never merges."})
+    merge_policy: str = field(
+        default="smallest_pair",
+        metadata={"help": "Which instances merge.", "choices": list(MERGE_POLICIES)},
+    )
+    instance_init: str = field(
+        default="shared",
+        metadata={
+            "help": "Start instances from the same weights or re-initialise each.",
+            "choices": list(INSTANCE_INITS),
+        },
+    )
+    save_merges: bool = field(default=True, metadata={"help": "Save every merge under {output_dir}/merges/."})
+    batch_size_test: str = field(
+        default="norm",
+        metadata={"help": "The adaptive batch-size test.", "choices": list(BATCH_SIZE_TESTS)},
+    )
+    eta: float = field(default=0.8, metadata={"help": "η of the norm test."})
+    theta: float = field(default=0.3, metadata={"help": "ϑ of the inner-product tests."})
+    nu: float = field(default=0.3, metadata={"help": "ν of the augmented inner-product test."})
+    max_batch_size: str = field(
+        default="auto", metadata={"help": "Largest micro-batch per worker: an integer or 'auto'."}
+    )
+    batch_size_cap: int | None = field(default=None, metadata={"help": "Upper bound on the per-worker request."})
+    switch_threshold: float = field(default=2.0, metadata={"help": "γ of switch mode (≥ 1)."})
+    memory_fraction: float = field(
+        default=0.9, metadata={"help": "Share of free GPU memory that max_batch_size='auto' plans for."}
+    )
+
+    # Defaults that differ from TrainingArguments.
+    save_steps: float = field(
+        default=1000, metadata={"help": "Save a checkpoint every X steps (a multiple of inner_steps)."}
+    )
+    eval_steps: float | None = field(
+        default=None, metadata={"help": "Evaluate every X steps (a multiple of inner_steps; default inner_steps)."}
+    )
+    average_tokens_across_devices: bool = field(
+        default=False, metadata={"help": "Must stay False: it would synchronise the workers every step."}
+    )
+    ignore_data_skip: bool = field(
+        default=True, metadata={"help": "Must stay True: the adaptive sampler restores its own position."}
+    )
+
+    def __post_init__(self):
+        if self.eval_steps is None:
+            self.eval_steps = self.inner_steps
+        if isinstance(self.max_batch_size, str) and self.max_batch_size.strip().isdigit():
+            self.max_batch_size = int(self.max_batch_size)
+        self._validate_adloco()
+        super().__post_init__()
+        self._validate_schedule()
+
+    def _validate_adloco(self) -> None:
+        """Checks that need nothing from TrainingArguments; each message names the field and the fix."""
+        choices = {
+            "merge_policy": MERGE_POLICIES,
+            "instance_init": INSTANCE_INITS,
+            "batch_size_test": BATCH_SIZE_TESTS,
+            "pseudo_grad_dtype": PSEUDO_GRAD_DTYPES,
+            "outer_state_device": OUTER_STATE_DEVICES,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not supported; choose one of {list(allowed)}.")
+        if self.max_steps is None or self.max_steps <= 0:
+            raise ValueError(
+                f"max_steps={self.max_steps}: set max_steps > 0. AdLoCo's sampler never runs out of data, so the run "
+                f"length is max_steps (e.g. max_steps={20 * self.inner_steps} for 20 rounds of {self.inner_steps})."
+            )
+        if self.gradient_accumulation_steps != 1:
+            raise ValueError(
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps}: leave it at 1. Switch mode "
+                "accumulates by itself once the requested batch exceeds switch_threshold × max_batch_size."
+            )
+        if int(self.inner_steps) != self.inner_steps or self.inner_steps < 1:
+            raise ValueError(f"inner_steps={self.inner_steps}: set an integer >= 1 (the paper uses 200).")
+        for name in ("eta", "theta", "nu"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)}: the test tolerances must be > 0 (e.g. eta=0.8).")
+        if not self.switch_threshold >= 1:
+            raise ValueError(f"switch_threshold={self.switch_threshold}: set a value >= 1 (the paper uses 2.0).")
+        if not self.outer_lr > 0:
+            raise ValueError(f"outer_lr={self.outer_lr}: set a value > 0 (1.0 with momentum 0 is plain averaging).")
+        if not 0 <= self.outer_momentum < 1:
+            raise ValueError(f"outer_momentum={self.outer_momentum}: set a value in [0, 1) (DiLoCo uses 0.9).")
+        if self.num_instances < 1:
+            raise ValueError(f"num_instances={self.num_instances}: set an integer >= 1.")
+        if self.merge_every < 0:
+            raise ValueError(f"merge_every={self.merge_every}: set 0 (never merge) or a positive number of rounds.")
+        if isinstance(self.max_batch_size, str):
+            if self.max_batch_size != "auto":
+                raise ValueError(f"max_batch_size={self.max_batch_size!r}: set a positive integer or 'auto'.")
+        elif self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size={self.max_batch_size}: set a positive integer or 'auto'.")
+        if self.per_device_train_batch_size < 1:
+            raise ValueError(
+                f"per_device_train_batch_size={self.per_device_train_batch_size}: the initial request must be >= 1."
+            )
+        if self.batch_size_cap is not None and self.batch_size_cap < self.per_device_train_batch_size:
+            raise ValueError(
+                f"batch_size_cap={self.batch_size_cap} is below the initial request per_device_train_batch_size="
+                f"{self.per_device_train_batch_size}; raise batch_size_cap or lower the initial batch."
+            )
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError(f"memory_fraction={self.memory_fraction}: set a value in (0, 1].")
+        if self.average_tokens_across_devices:
+            raise ValueError(
+                "average_tokens_across_devices=True would all-gather token counts every step and couple the workers; "
+                "leave it False."
+            )
+        if not self.ignore_data_skip:
+            raise ValueError("ignore_data_skip=False would replay batches on resume; leave it True.")
+        if self.dataloader_num_workers != 0:
+            raise ValueError(
+                f"dataloader_num_workers={self.dataloader_num_workers}: set 0. The batch size changes between rounds "
+                "and DataLoader worker processes would prefetch batches of the old size (pre-tokenised, packed "
+                "datasets need no loader workers)."
+            )
+        if self.load_best_model_at_end:
+            raise ValueError(
+                "load_best_model_at_end=True is not supported: the final model is the merge of the instances. "
+                "Set it to False and pick a checkpoint from the eval logs if needed."
+            )
+
+    def _validate_schedule(self) -> None:
+        """Checks on save/eval schedules, after TrainingArguments normalised the strategies."""
+        for kind, strategy, steps in (
+            ("save", self.save_strategy, self.save_steps),
+            ("eval", self.eval_strategy, self.eval_steps),
+        ):
+            if strategy == IntervalStrategy.EPOCH or strategy == SaveStrategy.EPOCH:
+                raise ValueError(
+                    f"{kind}_strategy='epoch' has no meaning with an endless sampler; use {kind}_strategy='steps' "
+                    f"with {kind}_steps a multiple of inner_steps={self.inner_steps}."
+                )
+            if strategy != "steps":
+                continue
+            if steps < 1 or int(steps) != steps or int(steps) % self.inner_steps != 0:
+                raise ValueError(
+                    f"{kind}_steps={steps} is not a multiple of inner_steps={self.inner_steps}: workers only agree "
+                    f"at the end of a round. Set {kind}_steps to k × {self.inner_steps} (e.g. {self.inner_steps})."
+                )
+
+    @property
+    def adloco_settings(self) -> dict:
+        """The AdLoCo fields of this config, for model cards and logs."""
+        names = [
+            "inner_steps",
+            "outer_lr",
+            "outer_momentum",
+            "outer_nesterov",
+            "pseudo_grad_dtype",
+            "num_instances",
+            "merge_every",
+            "merge_policy",
+            "instance_init",
+            "batch_size_test",
+            "eta",
+            "theta",
+            "nu",
+            "max_batch_size",
+            "batch_size_cap",
+            "switch_threshold",
+            "per_device_train_batch_size",
+            "learning_rate",
+            "max_steps",
+        ]
+        return {name: getattr(self, name) for name in names}

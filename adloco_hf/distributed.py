@@ -1,0 +1,133 @@
+"""Thin, typed wrappers around `torch.distributed` used by the orchestration (all work without a process group)."""
+
+import hashlib
+import io
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+
+__all__ = [
+    "ProcessGroupCache",
+    "all_gather_rows",
+    "barrier",
+    "broadcast_tensors",
+    "comm_device",
+    "get_rank",
+    "get_world_size",
+    "is_distributed",
+    "recv_object_tensors",
+    "recv_tensor",
+    "send_object_tensors",
+    "send_tensor",
+    "tensors_fingerprint",
+]
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def get_rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def comm_device(default: torch.device) -> torch.device:
+    """The device tensors must be on for collectives: CUDA for NCCL, CPU for gloo (which stages through host memory)."""
+    if is_distributed() and dist.get_backend() == "nccl":
+        return default if default.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_gather_rows(row: Sequence[float], device: torch.device) -> list[list[float]]:
+    """All-gather one float64 row per rank over the world; returns the rows in rank order."""
+    local = torch.tensor([float(v) for v in row], dtype=torch.float64, device=comm_device(device))
+    if not is_distributed():
+        return [local.tolist()]
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    return [t.tolist() for t in gathered]
+
+
+def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int, group=None) -> None:
+    """Broadcast tensors in place from global rank `src` inside `group` (the world when None)."""
+    if not is_distributed():
+        return
+    for tensor in tensors:
+        buffer = tensor.data.to(comm_device(tensor.device))
+        dist.broadcast(buffer, src=src, group=group)
+        if buffer is not tensor.data:
+            tensor.data.copy_(buffer)
+
+
+def send_tensor(tensor: torch.Tensor, dst: int) -> int:
+    """Blocking send to global rank `dst`; returns the bytes sent."""
+    buffer = tensor.contiguous().to(comm_device(tensor.device))
+    dist.send(buffer, dst=dst)
+    return buffer.numel() * buffer.element_size()
+
+
+def recv_tensor(like: torch.Tensor, src: int) -> torch.Tensor:
+    """Blocking receive into a new tensor shaped like `like` (on `like`'s device) from global rank `src`."""
+    buffer = torch.empty(like.shape, dtype=like.dtype, device=comm_device(like.device))
+    dist.recv(buffer, src=src)
+    return buffer.to(like.device)
+
+
+def send_object_tensors(obj, dst: int, device: torch.device) -> int:
+    """Send a state dict (tensors and plain values) to `dst`: its byte length, then its bytes."""
+    stream = io.BytesIO()
+    torch.save(obj, stream)
+    payload = torch.frombuffer(bytearray(stream.getvalue()), dtype=torch.uint8)
+    sent = send_tensor(torch.tensor([payload.numel()], dtype=torch.int64, device=device), dst)
+    return sent + send_tensor(payload.to(device), dst)
+
+
+def recv_object_tensors(src: int, device: torch.device):
+    """Receive what `send_object_tensors` sent; loaded with `weights_only=True` (no arbitrary code)."""
+    size = int(recv_tensor(torch.empty(1, dtype=torch.int64, device=device), src).item())
+    payload = recv_tensor(torch.empty(size, dtype=torch.uint8, device=device), src).cpu()
+    return torch.load(io.BytesIO(payload.numpy().tobytes()), map_location=device, weights_only=True)
+
+
+def tensors_fingerprint(named: Sequence[tuple[str, torch.Tensor]]) -> int:
+    """A 63-bit hash of parameter names, shapes and dtypes, to compare models across ranks before any broadcast."""
+    digest = hashlib.sha256()
+    for name, tensor in named:
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+    return int.from_bytes(digest.digest()[:8], "big") >> 1
+
+
+class ProcessGroupCache:
+    """Process groups keyed by their sorted rank tuple, created collectively and kept for the run.
+
+    `torch.distributed.new_group` must be called by every rank of the world in the same order, members or not, so
+    callers walk the same list of rank tuples on every rank. The whole world maps to the default group and a single
+    rank needs no group at all (None).
+    """
+
+    def __init__(self):
+        self._groups: dict[tuple[int, ...], object] = {}
+
+    def get(self, ranks: Sequence[int]):
+        key = tuple(sorted(int(r) for r in ranks))
+        if not is_distributed() or len(key) <= 1:
+            return None
+        if key == tuple(range(dist.get_world_size())):
+            return dist.group.WORLD
+        if key not in self._groups:
+            self._groups[key] = dist.new_group(list(key))
+        return self._groups[key]
+
+    def __len__(self) -> int:
+        return len(self._groups)

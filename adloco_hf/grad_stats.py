@@ -1,0 +1,185 @@
+"""Gradient statistics gathered during an ordinary inner step, with no extra forward or backward pass.
+
+The statistics step of a round is split into groups (the micro-batches of switch mode, or two halves of the batch
+when it fits at once). A hook on each parameter (`Tensor.register_hook`) sees a group's contribution c_j to the
+gradient *before* autograd adds it to `.grad`, so ‖c_j‖² costs one norm per parameter and no memory. The whole
+step's gradient is then read from `.grad` before clipping. Group contributions are c_j = S · w_j · g_j, where S is
+the fp16 loss scale (1 otherwise) and w_j the group's share of the loss normaliser (its share of tokens when the
+model normalises by `num_items_in_batch`, of samples otherwise); the statistics are expressed in samples with
+n_j = w_j · b, which keeps the estimators of `adloco_hf.batch_size` unbiased for unequal groups.
+
+The inner-product tests also need ⟨g_j, g⟩. With two groups it follows from the norms alone
+(⟨c_1, c_2⟩ = (‖c_1 + c_2‖² − ‖c_1‖² − ‖c_2‖²) / 2). With more micro-batches the chunks are pooled into two
+halves and the first half's gradient is set aside while the second half accumulates, which holds one extra
+gradient-sized buffer for the rest of that single step.
+
+A batch of one sample cannot be split. Then the previous inner step's gradient is kept as a second group
+(as AdaptDL does): it costs one fp32 copy of the gradients held for one step, and it is biased upwards because the
+two gradients are taken at weights one optimizer step apart, E‖g_{t-1} − g_t‖² = 2 tr Σ + ‖∇F(θ_{t-1}) − ∇F(θ_t)‖²,
+so the variance is overestimated by at most L²‖θ_t − θ_{t-1}‖² / 2 — small for the small inner learning rates used
+with adaptive batches, and erring towards a larger batch.
+"""
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from .batch_size import GradientStatistics, group_statistics
+
+
+__all__ = ["GradientStatisticsCollector"]
+
+
+def _sq_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    if not tensors:
+        return torch.zeros((), dtype=torch.float64)
+    norms = torch._foreach_norm(list(tensors), 2)
+    return torch.stack([n.double() for n in norms]).pow(2).sum()
+
+
+def _dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([(x.double() * y.double()).sum() for x, y in zip(a, b)]).sum()
+
+
+class GradientStatisticsCollector:
+    """Measures the group gradient norms of one inner step (see the module docstring).
+
+    Use per statistics step: `start(weights, ...)`, then `begin_chunk(j)` before each chunk's backward, then
+    `finish()` after the last backward and before gradient clipping. For a one-sample batch, call `remember()` at the
+    end of the previous step and `finish_with_previous()` at the end of the statistics step.
+
+    Args:
+        parameters: the model's parameters; those that do not require gradients are ignored.
+        inner_products: also measure ⟨g_j, g⟩ (needed by the inner-product and augmented tests).
+    """
+
+    def __init__(self, parameters: Iterable[torch.nn.Parameter], *, inner_products: bool = False):
+        self.params = [p for p in parameters if p.requires_grad]
+        self.inner_products = inner_products
+        self._handles: list = []
+        self._parts: list[list[torch.Tensor]] = []
+        self._weights: list[float] = []
+        self._current = 0
+        self._boundary: int | None = None
+        self._set_aside: list[torch.Tensor | None] | None = None
+        self._previous: list[torch.Tensor] | None = None
+        self._previous_grads: list[torch.Tensor] = []
+        self.active = False
+
+    # ---- one step split into chunks ----
+    def start(self, chunk_weights: Sequence[float]) -> None:
+        """Begin a statistics step whose chunks carry these shares of the loss normaliser (they sum to 1)."""
+        if len(chunk_weights) < 2:
+            raise ValueError("a statistics step needs at least two chunks")
+        self._weights = [float(w) for w in chunk_weights]
+        self._parts = [[] for _ in chunk_weights]
+        self._current = 0
+        self._set_aside = None
+        # Two halves of chunks when inner products are needed and there are more than two chunks.
+        self._boundary = (len(chunk_weights) + 1) // 2 if self.inner_products and len(chunk_weights) > 2 else None
+        if self._boundary is None:
+            self._handles = [p.register_hook(self._hook) for p in self.params]
+        self.active = True
+
+    def begin_chunk(self, index: int) -> None:
+        """Call before the backward of chunk `index`."""
+        self._current = index
+        if self._boundary is not None and index == self._boundary:
+            # Set the first half's gradient aside so the second half accumulates on its own.
+            self._set_aside = [p.grad for p in self.params]
+            for p in self.params:
+                p.grad = None
+
+    def _hook(self, grad: torch.Tensor) -> None:
+        self._parts[self._current].append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32))
+
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def finish(self, *, samples: int, loss_scale: float = 1.0) -> GradientStatistics | None:
+        """End the statistics step: returns this worker's statistics, or None when a gradient is not finite.
+
+        Args:
+            samples: b, the samples of the whole step.
+            loss_scale: S, the GradScaler's scale in force during the backward (1.0 without fp16).
+        """
+        self._remove_hooks()
+        self.active = False
+        scale_sq = float(loss_scale) ** 2
+        if self._set_aside is not None:
+            return self._finish_halves(samples, scale_sq)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        total_sq = float(_sq_norm(grads))
+        chunk_sq = [float(torch.stack(parts).double().pow(2).sum()) if parts else 0.0 for parts in self._parts]
+        if not all(math.isfinite(v) for v in [total_sq, *chunk_sq]):
+            return None
+        grad_sq_norm = total_sq / scale_sq
+        sizes = [w * samples for w in self._weights]
+        group_sq = [q / (scale_sq * w * w) for q, w in zip(chunk_sq, self._weights)]
+        dots = None
+        if self.inner_products:  # exactly two chunks here
+            cross = (total_sq - chunk_sq[0] - chunk_sq[1]) / 2
+            dots = [(q + cross) / (scale_sq * w) for q, w in zip(chunk_sq, self._weights)]
+        return group_statistics(group_sq, sizes, grad_sq_norm, dots)
+
+    def _finish_halves(self, samples: int, scale_sq: float) -> GradientStatistics | None:
+        first = self._set_aside
+        self._set_aside = None
+        second = [p.grad for p in self.params]
+        pairs = [(a, b) for a, b in zip(first, second) if a is not None and b is not None]
+        sq_first = float(_sq_norm([a for a in first if a is not None]))
+        sq_second = float(_sq_norm([b for b in second if b is not None]))
+        cross = float(_dot([a for a, _ in pairs], [b for _, b in pairs])) if pairs else 0.0
+        # Put the whole step's gradient back in `.grad` before anything else reads it.
+        for p, a in zip(self.params, first):
+            if a is None:
+                continue
+            if p.grad is None:
+                p.grad = a
+            else:
+                p.grad.add_(a)
+        if not all(math.isfinite(v) for v in (sq_first, sq_second, cross)):
+            return None
+        w1 = sum(self._weights[: self._boundary])
+        w2 = 1.0 - w1
+        total_sq = sq_first + sq_second + 2 * cross
+        group_sq = [sq_first / (scale_sq * w1 * w1), sq_second / (scale_sq * w2 * w2)]
+        dots = [(sq_first + cross) / (scale_sq * w1), (sq_second + cross) / (scale_sq * w2)]
+        return group_statistics(group_sq, [w1 * samples, w2 * samples], total_sq / scale_sq, dots)
+
+    # ---- one-sample batches: the previous step is the second group ----
+    def remember(self, *, loss_scale: float = 1.0) -> bool:
+        """Keep an fp32 copy of the current (pre-clipping) gradient; False when it is not finite."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads or not math.isfinite(float(_sq_norm(grads))):
+            self._previous = None
+            return False
+        self._previous = [g.detach().to(torch.float32, copy=True).div_(float(loss_scale)) for g in grads]
+        self._previous_grads = [p for p in self.params if p.grad is not None]
+        return True
+
+    @property
+    def has_previous(self) -> bool:
+        return self._previous is not None
+
+    def forget(self) -> None:
+        self._previous = None
+        self._previous_grads = []
+
+    def finish_with_previous(self, *, loss_scale: float = 1.0) -> GradientStatistics | None:
+        """Statistics from two one-sample groups: the remembered step and the current one."""
+        previous, owners = self._previous, self._previous_grads
+        self.forget()
+        if previous is None or any(p.grad is None for p in owners):
+            return None
+        current = [p.grad.detach().float() / float(loss_scale) for p in owners]
+        q1, q2 = float(_sq_norm(previous)), float(_sq_norm(current))
+        cross = float(_dot(previous, current))
+        if not all(math.isfinite(v) for v in (q1, q2, cross)):
+            return None
+        grad_sq_norm = (q1 + q2 + 2 * cross) / 4
+        dots = [(q1 + cross) / 2, (q2 + cross) / 2] if self.inner_products else None
+        return group_statistics([q1, q2], [1.0, 1.0], grad_sq_norm, dots)

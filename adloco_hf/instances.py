@@ -1,0 +1,214 @@
+"""Multi-instance training (AdLoCo §4.1): the instance table, merge choice, worker redistribution (all pure).
+
+Every rank computes these decisions from the same all-gathered numbers, so they agree without further messages.
+The demand of an instance is d_i = b_i × workers(i) (its samples per inner step). A merge replaces two instances by
+the one with the larger demand, with weights and outer momentum averaged in proportion to demand; it keeps its own
+per-worker request and inherits the demand of both. Workers are then redistributed in proportion to demand.
+"""
+
+import math
+from dataclasses import dataclass, field, replace
+
+
+__all__ = [
+    "Instance",
+    "MergePlan",
+    "Transfer",
+    "choose_merge",
+    "initial_instances",
+    "instance_of",
+    "merge_is_due",
+    "plan_merge",
+    "plan_transfers",
+    "redistribute",
+    "seat_counts",
+]
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One row of the instance table.
+
+    Attributes:
+        id: stable identifier (instances keep their id through merges; merged-away ids are not reused).
+        workers: global ranks of its workers, ascending; the first one is its *first worker*.
+        batch_size: b_i, its per-worker request.
+        demand: d_i; by default b_i × workers, after a merge the sum of both demands.
+    """
+
+    id: int
+    workers: tuple[int, ...]
+    batch_size: int
+    demand: float = field(default=-1.0)
+
+    def __post_init__(self):
+        if not self.workers:
+            raise ValueError(f"instance {self.id} has no worker")
+        object.__setattr__(self, "workers", tuple(sorted(self.workers)))
+        if self.demand < 0:
+            object.__setattr__(self, "demand", float(self.batch_size * len(self.workers)))
+
+    @property
+    def first_worker(self) -> int:
+        return self.workers[0]
+
+    def with_batch_size(self, batch_size: int) -> "Instance":
+        return replace(self, batch_size=batch_size, demand=float(batch_size * len(self.workers)))
+
+
+def initial_instances(num_workers: int, num_instances: int, batch_size: int) -> list[Instance]:
+    """K instances over P workers, worker r in instance r mod K."""
+    if not 1 <= num_instances <= num_workers:
+        raise ValueError(
+            f"num_instances={num_instances} needs between 1 and {num_workers} (the number of workers) instances; "
+            f"lower num_instances or launch at least {num_instances} processes"
+        )
+    return [Instance(i, tuple(range(i, num_workers, num_instances)), batch_size) for i in range(num_instances)]
+
+
+def instance_of(instances: list[Instance], rank: int) -> Instance:
+    for instance in instances:
+        if rank in instance.workers:
+            return instance
+    raise KeyError(f"rank {rank} belongs to no instance")
+
+
+def merge_is_due(outer_step: int, merge_every: int, num_instances: int) -> bool:
+    return merge_every > 0 and num_instances > 1 and outer_step % merge_every == 0
+
+
+def choose_merge(instances: list[Instance], policy: str = "smallest_pair") -> tuple[int, int]:
+    """The pair to merge, as (survivor id, merged-away id).
+
+    `smallest_pair` takes the two instances with the smallest demand (the paper's policy); `largest_smallest` the
+    largest with the smallest. Ties go to the lower id. The survivor is the one with the larger demand (the lower id
+    on a tie).
+    """
+    if len(instances) < 2:
+        raise ValueError("merging needs at least two instances")
+    by_demand = sorted(instances, key=lambda inst: (inst.demand, inst.id))
+    if policy == "smallest_pair":
+        a, b = by_demand[0], by_demand[1]
+    elif policy == "largest_smallest":
+        a = by_demand[0]
+        b = sorted((i for i in instances if i.id != a.id), key=lambda inst: (-inst.demand, inst.id))[0]
+    else:
+        raise ValueError(f"unknown merge_policy {policy!r}")
+    survivor, merged = sorted((a, b), key=lambda inst: (-inst.demand, inst.id))
+    return survivor.id, merged.id
+
+
+def seat_counts(demands: dict[int, float], num_workers: int) -> dict[int, int]:
+    """Workers per instance in proportion to demand: largest remainder, at least one each, ties to the lower id."""
+    if len(demands) > num_workers:
+        raise ValueError(f"{len(demands)} instances cannot share {num_workers} workers")
+    total = sum(demands.values())
+    quota = {i: num_workers * d / total for i, d in demands.items()}
+    seats = {i: max(1, math.floor(q)) for i, q in quota.items()}
+    while sum(seats.values()) < num_workers:
+        best = min(seats, key=lambda i: (-(quota[i] - seats[i]), i))
+        seats[best] += 1
+    while sum(seats.values()) > num_workers:
+        candidates = [i for i in seats if seats[i] > 1]
+        worst = min(candidates, key=lambda i: (quota[i] - seats[i], -i))
+        seats[worst] -= 1
+    return seats
+
+
+def redistribute(
+    instances: list[Instance], num_workers: int, keep_order: dict[int, list[int]] | None = None
+) -> list[Instance]:
+    """Reassign all workers in proportion to demand, moving as few as possible.
+
+    Each instance keeps its current workers up to its new seat count, in `keep_order` (default: ascending rank);
+    the released workers, in ascending order, fill the instances that need more, in id order. Demands and requests
+    are unchanged.
+    """
+    seats = seat_counts({inst.id: inst.demand for inst in instances}, num_workers)
+    order = {inst.id: list((keep_order or {}).get(inst.id, inst.workers)) for inst in instances}
+    kept = {i: workers[: seats[i]] for i, workers in order.items()}
+    released = sorted(w for i, workers in order.items() for w in workers[seats[i] :])
+    for inst in sorted(instances, key=lambda x: x.id):
+        while len(kept[inst.id]) < seats[inst.id]:
+            kept[inst.id].append(released.pop(0))
+    return [replace(inst, workers=tuple(sorted(kept[inst.id]))) for inst in instances]
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """One merge: who merges into whom with which weights, and the table afterwards."""
+
+    survivor: int
+    merged: int
+    weights: tuple[float, float]  # (survivor, merged), summing to 1
+    demands: tuple[float, float]
+    before: tuple[Instance, ...]
+    after: tuple[Instance, ...]
+
+
+def plan_merge(instances: list[Instance], *, policy: str, num_workers: int) -> MergePlan:
+    """Choose a pair, weigh it by demand, and redistribute the workers over the remaining instances."""
+    survivor_id, merged_id = choose_merge(instances, policy)
+    table = {inst.id: inst for inst in instances}
+    survivor, merged = table[survivor_id], table[merged_id]
+    total = survivor.demand + merged.demand
+    combined = Instance(
+        survivor.id,
+        survivor.workers + merged.workers,
+        survivor.batch_size,
+        demand=total,
+    )
+    remaining = [combined if inst.id == survivor.id else inst for inst in instances if inst.id != merged.id]
+    # The survivor's own workers stay first: the merged-away instance's workers change instance anyway.
+    after = redistribute(remaining, num_workers, {survivor.id: list(survivor.workers) + list(merged.workers)})
+    return MergePlan(
+        survivor=survivor.id,
+        merged=merged.id,
+        weights=(survivor.demand / total, merged.demand / total),
+        demands=(survivor.demand, merged.demand),
+        before=tuple(instances),
+        after=tuple(after),
+    )
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One point-to-point message of a merge.
+
+    kind: "merge_input" (the merged-away instance's weights and momentum to the survivor's first worker),
+    "global" (an instance's weights and momentum to a worker that needs them), "inner" (the inner-optimizer
+    state of an instance's first worker to a worker that joins it) or "save" (merged weights to the rank that
+    writes checkpoints).
+    """
+
+    kind: str
+    instance: int
+    src: int
+    dst: int
+
+
+def plan_transfers(plan: MergePlan, *, writer_rank: int = 0, save: bool = True) -> list[Transfer]:
+    """The ordered messages that carry out a merge; every rank runs its own part in this order.
+
+    Blocking sends and receives in one global order cannot deadlock: the earliest unfinished message always has both
+    its ends waiting on it.
+    """
+    before = {inst.id: inst for inst in plan.before}
+    survivor_src = before[plan.survivor].first_worker
+    transfers = [Transfer("merge_input", plan.survivor, before[plan.merged].first_worker, survivor_src)]
+    for inst in sorted(plan.after, key=lambda x: x.id):
+        if inst.id == plan.survivor:
+            src, holders = survivor_src, {survivor_src}
+            joined = set(inst.workers) - set(before[inst.id].workers)
+        else:
+            holders = set(before[inst.id].workers)
+            src = min(holders)
+            joined = set(inst.workers) - holders
+        for dst in sorted(set(inst.workers) - holders):
+            transfers.append(Transfer("global", inst.id, src, dst))
+        for dst in sorted(joined):
+            transfers.append(Transfer("inner", inst.id, src, dst))
+    receivers = {t.dst for t in transfers if t.kind == "global" and t.instance == plan.survivor}
+    if save and writer_rank != survivor_src and writer_rank not in receivers:
+        transfers.append(Transfer("save", plan.survivor, survivor_src, writer_rank))
+    return transfers

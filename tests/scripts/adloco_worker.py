@@ -1,0 +1,201 @@
+"""A worker of the multi-process tests: `accelerate launch --multi_gpu --num_processes P adloco_worker.py SPEC_JSON`.
+
+SPEC_JSON holds `output_dir`, `world_size` (asserted inside every worker), `config` (AdLoCoConfig overrides),
+`probe_dir` (where workers write what they observed) and optional `eval`, `resume`, `nan` and `die` settings.
+Assertions that need several ranks' tensors run here, inside the workers; the test reads the probe files.
+"""
+
+import json
+import os
+import sys
+
+import safetensors.torch
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback, default_data_collator
+
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers import flat_params, sequence_dataset, tiny_model  # noqa: E402
+
+import adloco_hf.merging as merging  # noqa: E402
+from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
+from adloco_hf.switch_mode import plan_batch  # noqa: E402
+
+
+def gather_params(model) -> torch.Tensor:
+    local = flat_params(model)
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, local)
+    return torch.stack(parts)
+
+
+class BeforeSync(TrainerCallback):
+    """Runs before AdLoCoCallback: sees every worker's weights at the end of a round, before the outer step."""
+
+    def __init__(self, trainer, spec):
+        self.trainer, self.spec, self.pre_sync = trainer, spec, None
+        self.min_spread_inside = float("inf")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.inner_steps != 0 and state.global_step % 3 != 1:
+            return
+        stacked = gather_params(self.trainer.model)
+        for inst in self.trainer.adloco.instances:
+            if len(inst.workers) > 1:
+                members = stacked[list(inst.workers)]
+                spread = (members - members[0]).abs().max().item()
+                self.min_spread_inside = min(self.min_spread_inside, spread)
+                assert spread > 0, (
+                    f"replicas of instance {inst.id} are identical inside a round at step {state.global_step}"
+                )
+        if state.global_step % args.inner_steps == 0:
+            self.pre_sync = stacked
+
+
+class AfterSync(TrainerCallback):
+    """Runs after AdLoCoCallback: replicas must be identical after every outer step."""
+
+    def __init__(self, trainer, before, spec):
+        self.trainer, self.before, self.spec = trainer, before, spec
+        self.rounds, self.max_mean_error, self.sampler_sizes = 0, 0.0, []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.inner_steps != 0:
+            return
+        self.rounds += 1
+        engine = self.trainer.adloco
+        stacked = gather_params(self.trainer.model)
+        for inst in engine.instances:
+            members = stacked[list(inst.workers)]
+            assert torch.equal(members, members[:1].expand_as(members)), (
+                f"instance {inst.id} replicas differ after sync"
+            )
+        if (
+            args.outer_lr == 1.0
+            and args.outer_momentum == 0.0
+            and len(engine.instances) == 1
+            and engine.totals["merges"] == 0
+        ):
+            mean = self.before.pre_sync.double().mean(0).float()
+            self.max_mean_error = max(self.max_mean_error, (stacked[0] - mean).abs().max().item())
+        expected = plan_batch(engine.instance.batch_size, engine.max_batch_size, args.switch_threshold).batch_size
+        assert self.trainer.train_sampler.batch_size == expected
+        self.sampler_sizes.append(expected)
+
+
+class EvalProbe(TrainerCallback):
+    """Compares each instance's logged eval loss with evaluating this worker's own weights directly."""
+
+    def __init__(self, trainer):
+        self.trainer, self.checks = trainer, []
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        engine = self.trainer.adloco
+        if engine.final_merged or len(engine.instances) < 2:
+            return
+        model = self.trainer.model
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for start in range(0, len(self.trainer.eval_dataset), 16):
+                rows = [
+                    self.trainer.eval_dataset[i] for i in range(start, min(start + 16, len(self.trainer.eval_dataset)))
+                ]
+                batch = default_data_collator(rows)
+                logits = model(input_ids=batch["input_ids"]).logits[:, :-1]
+                labels = batch["labels"][:, 1:]
+                total += torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum"
+                ).item()
+                count += labels.numel()
+        logged = metrics[f"eval_instance_{engine.instance.id}_loss"]
+        self.checks.append(
+            {"instance": engine.instance.id, "logged": logged, "direct": total / count, "step": state.global_step}
+        )
+        assert abs(logged - total / count) < 1e-5, (logged, total / count)
+
+
+class RecordingTrainer(AdLoCoTrainer):
+    """Records the batch each inner step really received, and can poison one worker's loss with NaN."""
+
+    nan_at: tuple[int, int] | None = None  # (rank, global step)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.seen_batches = getattr(self, "seen_batches", [])
+        self.seen_batches.append(int(inputs["input_ids"].shape[0]))
+        if self.nan_at == (self.args.process_index, self.state.global_step):
+            with torch.no_grad():
+                next(self.model.parameters()).fill_(float("nan"))
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+def spy_on_merges(probe_dir: str, rank: int) -> None:
+    """Save this rank's global weights right before each merge (for the merge-equals-weighted-average test)."""
+    original = merging.execute_merge
+    counter = [0]
+
+    def spy(plan, transfers, *, rank, global_model, **kwargs):
+        step = counter[0]
+        counter[0] += 1
+        path = os.path.join(probe_dir, f"premerge-rank{rank}-{step}-i{plan.survivor}-{plan.merged}.safetensors")
+        safetensors.torch.save_file({"phi": global_model.phi.detach().cpu().contiguous()}, path)
+        return original(plan, transfers, rank=rank, global_model=global_model, **kwargs)
+
+    merging.execute_merge = spy
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    args = AdLoCoConfig(
+        **{"use_cpu": True, "report_to": [], "disable_tqdm": True, "log_level": "warning", **spec["config"]}
+    )
+    assert dist.is_initialized() and dist.get_world_size() == spec["world_size"], dist.get_world_size()
+    rank = dist.get_rank()
+    probe_dir = spec["probe_dir"]
+    os.makedirs(probe_dir, exist_ok=True)
+    os.makedirs(os.path.join(probe_dir, "merges"), exist_ok=True)
+    spy_on_merges(os.path.join(probe_dir, "merges"), rank)
+    data = sequence_dataset(spec.get("num_samples", 512))
+    eval_data = data.select(range(spec.get("num_eval", 48))) if spec.get("eval") else None
+    trainer = RecordingTrainer(model=tiny_model(), args=args, train_dataset=data, eval_dataset=eval_data)
+    if spec.get("nan"):
+        trainer.nan_at = tuple(spec["nan"])
+    before = BeforeSync(trainer, spec)
+    trainer.callback_handler.callbacks.insert(0, before)
+    after = AfterSync(trainer, before, spec)
+    trainer.add_callback(after)
+    probe = EvalProbe(trainer)
+    trainer.add_callback(probe)
+    if spec.get("die") is not None:
+        die_rank, die_step = spec["die"]
+
+        class Die(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                if rank == die_rank and state.global_step == die_step:
+                    os._exit(3)
+
+        trainer.add_callback(Die())
+    trainer.train(resume_from_checkpoint=spec.get("resume"))
+    final = flat_params(trainer.model)
+    stacked = gather_params(trainer.model)
+    assert torch.equal(stacked, stacked[:1].expand_as(stacked)), "workers hold different models at the end"
+    safetensors.torch.save_file(
+        {"params": final.contiguous()}, os.path.join(probe_dir, f"final-rank{rank}.safetensors")
+    )
+    report = {
+        "rank": rank,
+        "world_size": dist.get_world_size(),
+        "rounds_checked": after.rounds,
+        "max_mean_error": after.max_mean_error,
+        "min_spread_inside_round": before.min_spread_inside,
+        "sampler_sizes": after.sampler_sizes,
+        "seen_batches": trainer.seen_batches,
+        "eval_checks": probe.checks,
+        "instances": [[i.id, list(i.workers), i.batch_size] for i in trainer.adloco.instances],
+    }
+    with open(os.path.join(probe_dir, f"report-rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main()
