@@ -15,11 +15,13 @@ The Trainer hands itself to the callback (`AdLoCoTrainer.__init__`), since callb
 import logging
 import math
 import os
+import shutil
 import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
 
 from . import merging
 from .batch_size import GradientStatistics, next_batch_size, pool_statistics
@@ -27,6 +29,7 @@ from .checkpoint import model_card, save_model_folder, state_dict_with
 from .config import AdLoCoConfig
 from .distributed import (
     ProcessGroupCache,
+    WorkerMonitor,
     all_gather_rows,
     broadcast_tensors,
     get_rank,
@@ -84,7 +87,8 @@ class AdLoCoCallback(TrainerCallback):
         self.args: AdLoCoConfig = trainer.args
         self.rank = get_rank()
         self.world_size = get_world_size()
-        self.groups = ProcessGroupCache()
+        self.groups = ProcessGroupCache(timeout=self.args.worker_timeout)
+        self.monitor: WorkerMonitor | None = None
         self.instances: list[Instance] = []
         self.global_model: GlobalModel | None = None
         self.collector: GradientStatisticsCollector | None = None
@@ -141,6 +145,10 @@ class AdLoCoCallback(TrainerCallback):
     # ---- start ----
     def on_train_begin(self, args, state, control, **kwargs):
         model = self.trainer.model
+        self.monitor = WorkerMonitor(self.args.worker_timeout)
+        self.monitor.check("start of training")
+        if self.rank == 0:
+            self._remove_stale_staging()
         self._check_models_match(model)
         self.collector = GradientStatisticsCollector(
             model.parameters(), inner_products=self.args.batch_size_test in INNER_PRODUCT_TESTS
@@ -175,6 +183,15 @@ class AdLoCoCallback(TrainerCallback):
                 resumed_global_step=None if resume is None else state.global_step,
             )
         self._log_start()
+
+    def _remove_stale_staging(self) -> None:
+        """Staging folders of checkpoints whose save was interrupted: never complete, never loaded."""
+        if not os.path.isdir(self.args.output_dir):
+            return
+        for name in os.listdir(self.args.output_dir):
+            if name.startswith((".tmp-checkpoint-", ".old-checkpoint-")):
+                shutil.rmtree(os.path.join(self.args.output_dir, name), ignore_errors=True)
+                logger.warning("removed %s, left by an interrupted checkpoint save", name)
 
     def _check_models_match(self, model: torch.nn.Module) -> None:
         """Compare parameter names, shapes and dtypes across ranks before the first broadcast would hang on them."""
@@ -266,6 +283,11 @@ class AdLoCoCallback(TrainerCallback):
     def end_round(self) -> None:
         """Outer step, decisions from the all-gathered numbers, merge if due, logs (all ranks, same order)."""
         state = self.trainer.state
+        last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+        self.monitor.check(
+            f"round {self.outer_step + 1} (step {state.global_step})",
+            f"The last checkpoint ({last or 'none yet'}) is intact: resume with train(resume_from_checkpoint=True).",
+        )
         self.outer_step += 1
         inst = self.instance
         result = self.global_model.outer_step(
@@ -471,6 +493,8 @@ class AdLoCoCallback(TrainerCallback):
         self.trainer.save_merged_model()
         if self.trainer.eval_dataset is not None and self.args.eval_strategy != "no":
             self.trainer.evaluate(metric_key_prefix="eval_merged")
+        if self.args.push_to_hub:
+            self.trainer.push_merged_to_hub(commit_message="AdLoCo merged model (end of training)")
 
     def merge_instances(self) -> None:
         """Turn the surviving instances into one model on every worker (collective; idempotent)."""

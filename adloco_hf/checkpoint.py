@@ -20,6 +20,7 @@ __all__ = [
     "RANK_STATE_DIR",
     "atomic_directory",
     "atomic_write_text",
+    "create_hub_repo",
     "get_hub_api",
     "load_rank_state",
     "model_card",
@@ -207,6 +208,11 @@ def get_hub_api(token: str | None = None):
     return HfApi(token=token)
 
 
+def create_hub_repo(repo_id: str, *, token: str | None = None, private: bool | None = None) -> str:
+    """Create the repo if needed; returns its full id (namespace/name)."""
+    return get_hub_api(token).create_repo(repo_id, private=private, exist_ok=True).repo_id
+
+
 def push_folder(
     folder: str,
     *,
@@ -218,9 +224,8 @@ def push_folder(
     revision: str | None = None,
 ):
     """Create the repo if needed and upload `folder` to it (to `path_in_repo`, the root by default)."""
-    api = get_hub_api(token)
-    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
-    return api.upload_folder(
+    repo_id = create_hub_repo(repo_id, token=token, private=private)
+    return get_hub_api(token).upload_folder(
         repo_id=repo_id,
         folder_path=folder,
         path_in_repo=path_in_repo,

@@ -86,6 +86,13 @@ class AdLoCoConfig(TrainingArguments):
             Share of free accelerator memory that `max_batch_size="auto"` may plan for (divided among the workers
             that share a GPU).
 
+        > Parameters that control failures
+
+        worker_timeout (`float`, *optional*, defaults to `1800`):
+            Seconds a worker waits for the others at the end of a round (and for any collective of AdLoCo) before
+            stopping with an error that names the missing ranks and the round. Keep it above the slowest round's
+            spread between workers.
+
     > [!NOTE]
     > Defaults that differ from [`~transformers.TrainingArguments`]: `save_steps=1000` (a multiple of the default
     > `inner_steps`), `eval_steps` defaults to `inner_steps`, `average_tokens_across_devices=False` (it would
@@ -133,6 +140,9 @@ class AdLoCoConfig(TrainingArguments):
     switch_threshold: float = field(default=2.0, metadata={"help": "γ of switch mode (≥ 1)."})
     memory_fraction: float = field(
         default=0.9, metadata={"help": "Share of free GPU memory that max_batch_size='auto' plans for."}
+    )
+    worker_timeout: float = field(
+        default=1800.0, metadata={"help": "Seconds to wait for the other workers before stopping with an error."}
     )
 
     # Defaults that differ from TrainingArguments.
@@ -209,6 +219,8 @@ class AdLoCoConfig(TrainingArguments):
                 f"batch_size_cap={self.batch_size_cap} is below the initial request per_device_train_batch_size="
                 f"{self.per_device_train_batch_size}; raise batch_size_cap or lower the initial batch."
             )
+        if not self.worker_timeout > 0:
+            raise ValueError(f"worker_timeout={self.worker_timeout}: set a positive number of seconds (e.g. 600).")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction={self.memory_fraction}: set a value in (0, 1].")
         if self.average_tokens_across_devices:

@@ -1,7 +1,9 @@
 """Thin, typed wrappers around `torch.distributed` used by the orchestration (all work without a process group)."""
 
+import datetime
 import hashlib
 import io
+import re
 from collections.abc import Sequence
 
 import torch
@@ -10,6 +12,8 @@ import torch.distributed as dist
 
 __all__ = [
     "ProcessGroupCache",
+    "WorkerMonitor",
+    "WorkerTimeoutError",
     "all_gather_rows",
     "barrier",
     "broadcast_tensors",
@@ -108,6 +112,32 @@ def tensors_fingerprint(named: Sequence[tuple[str, torch.Tensor]]) -> int:
     return int.from_bytes(digest.digest()[:8], "big") >> 1
 
 
+class WorkerTimeoutError(RuntimeError):
+    """Some workers did not reach a synchronisation point in time (they died or hang)."""
+
+
+class WorkerMonitor:
+    """A gloo group over the world for `monitored_barrier`, which names the ranks that failed to arrive."""
+
+    def __init__(self, timeout: float):
+        self.timeout = datetime.timedelta(seconds=timeout)
+        self.group = dist.new_group(backend="gloo", timeout=self.timeout) if is_distributed() else None
+
+    def check(self, where: str, hint: str = "") -> None:
+        """Barrier with a deadline; raises `WorkerTimeoutError` naming the missing ranks and `where`."""
+        if self.group is None or dist.get_world_size() == 1:
+            return
+        try:
+            dist.monitored_barrier(group=self.group, timeout=self.timeout, wait_all_ranks=True)
+        except RuntimeError as error:
+            found = re.search(r"Ranks? ([\d, ]+) failed", str(error))
+            who = f"worker rank(s) {found.group(1).strip()}" if found else "another worker (rank 0's log names it)"
+            raise WorkerTimeoutError(
+                f"AdLoCo, {where}: {who} did not arrive within {self.timeout.total_seconds():g} s (dead or hung), "
+                f"so this worker (rank {dist.get_rank()}) stops. {hint}"
+            ) from error
+
+
 class ProcessGroupCache:
     """Process groups keyed by their sorted rank tuple, created collectively and kept for the run.
 
@@ -116,8 +146,9 @@ class ProcessGroupCache:
     rank needs no group at all (None).
     """
 
-    def __init__(self):
+    def __init__(self, timeout: float | None = None):
         self._groups: dict[tuple[int, ...], object] = {}
+        self._timeout = None if timeout is None else datetime.timedelta(seconds=timeout)
 
     def get(self, ranks: Sequence[int]):
         key = tuple(sorted(int(r) for r in ranks))
@@ -126,7 +157,7 @@ class ProcessGroupCache:
         if key == tuple(range(dist.get_world_size())):
             return dist.group.WORLD
         if key not in self._groups:
-            self._groups[key] = dist.new_group(list(key))
+            self._groups[key] = dist.new_group(list(key), timeout=self._timeout)
         return self._groups[key]
 
     def __len__(self) -> int:

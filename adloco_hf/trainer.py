@@ -15,7 +15,14 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, speed_metrics
 
 from .callback import AdLoCoCallback
-from .checkpoint import RANK_STATE_DIR, get_hub_api, load_rank_state, model_card, push_folder, save_rank_state
+from .checkpoint import (
+    RANK_STATE_DIR,
+    create_hub_repo,
+    load_rank_state,
+    model_card,
+    push_folder,
+    save_rank_state,
+)
 from .config import AdLoCoConfig
 from .distributed import all_gather_rows, barrier
 from .sampler import AdaptiveBatchSampler
@@ -471,9 +478,11 @@ class AdLoCoTrainer(Trainer):
         if not self.is_world_process_zero():
             return
         repo_name = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
-        api = get_hub_api(token if token is not None else self.args.hub_token)
-        private = private if private is not None else self.args.hub_private_repo
-        self.hub_model_id = api.create_repo(repo_name, private=private, exist_ok=True).repo_id
+        self.hub_model_id = create_hub_repo(
+            repo_name,
+            token=token if token is not None else self.args.hub_token,
+            private=private if private is not None else self.args.hub_private_repo,
+        )
         self.push_in_progress = None
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:

@@ -72,8 +72,9 @@ def test_four_instances_merge_down_to_one(tmp_path):
         4,
         dict(
             max_steps=40, inner_steps=10, num_instances=4, merge_every=1, per_device_train_batch_size=2,
-            max_batch_size=4, eta=0.5, save_strategy="no",
+            max_batch_size=4, eta=0.5, save_strategy="no", push_to_hub=True, hub_model_id="org/adloco-tiny",
         ),
+        fake_hub=True,
     )  # fmt: skip
     assert all(r["world_size"] == 4 for r in reports)
     per_round = {}
@@ -117,6 +118,15 @@ def test_four_instances_merge_down_to_one(tmp_path):
         final = safetensors.torch.load_file(os.path.join(tmp_path, "probe", f"final-rank{rank}.safetensors"))["params"]
         assert torch.equal(final, merged_model)
     assert os.path.isfile(os.path.join(out, "merged", "README.md"))
+
+    # push_to_hub=True: every merge and the merged model go to the Hub from global rank 0 only.
+    assert not any(os.path.exists(tmp_path / "probe" / f"hub-rank{r}.jsonl") for r in (1, 2, 3))
+    calls = [json.loads(line) for line in open(tmp_path / "probe" / "hub-rank0.jsonl")]
+    uploads = [c for c in calls if c["call"] == "upload_folder"]
+    assert [u["path_in_repo"] for u in uploads] == ["merges/outer-1", "merges/outer-2", "merges/outer-3", None]
+    assert all(u["repo_id"] == "org/adloco-tiny" for u in uploads)
+    assert all({"model.safetensors", "config.json", "README.md"} <= set(u["files"]) for u in uploads)
+    assert all("adloco_merge.json" in u["files"] for u in uploads[:3])
 
 
 def test_each_instance_is_evaluated_on_its_own_weights(tmp_path):

@@ -8,6 +8,7 @@ Assertions that need several ranks' tensors run here, inside the workers; the te
 import json
 import os
 import sys
+import time
 
 import safetensors.torch
 import torch
@@ -19,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from helpers import flat_params, sequence_dataset, tiny_model  # noqa: E402
 
 import adloco_hf.merging as merging  # noqa: E402
+import adloco_hf.trainer as trainer_module  # noqa: E402
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
 from adloco_hf.switch_mode import plan_batch  # noqa: E402
 
@@ -44,11 +46,11 @@ class BeforeSync(TrainerCallback):
         for inst in self.trainer.adloco.instances:
             if len(inst.workers) > 1:
                 members = stacked[list(inst.workers)]
-                spread = (members - members[0]).abs().max().item()
-                self.min_spread_inside = min(self.min_spread_inside, spread)
-                assert spread > 0, (
+                assert not all(torch.equal(m, members[0]) for m in members[1:]), (
                     f"replicas of instance {inst.id} are identical inside a round at step {state.global_step}"
                 )
+                spread = (members - members[0]).abs().nan_to_num(nan=float("inf")).max().item()
+                self.min_spread_inside = min(self.min_spread_inside, spread)
         if state.global_step % args.inner_steps == 0:
             self.pre_sync = stacked
 
@@ -144,8 +146,34 @@ def spy_on_merges(probe_dir: str, rank: int) -> None:
     merging.execute_merge = spy
 
 
+class FakeHubApi:
+    """Records what would be uploaded (no machine here reaches the Hub)."""
+
+    def __init__(self, log_path: str):
+        self.log_path = log_path
+
+    def _record(self, entry):
+        with open(self.log_path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def create_repo(self, repo_id, private=None, exist_ok=False, **kwargs):
+        self._record({"call": "create_repo", "repo_id": repo_id})
+        return type("RepoUrl", (), {"repo_id": repo_id})()
+
+    def upload_folder(self, *, repo_id, folder_path, path_in_repo=None, commit_message=None, revision=None):
+        files = sorted(os.listdir(folder_path))
+        self._record({"call": "upload_folder", "repo_id": repo_id, "path_in_repo": path_in_repo, "files": files})
+        return "commit"
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
+    if spec.get("fake_hub"):
+        import adloco_hf.checkpoint as checkpoint
+
+        log = os.path.join(spec["probe_dir"], f"hub-rank{os.environ.get('RANK', '0')}.jsonl")
+        os.makedirs(spec["probe_dir"], exist_ok=True)
+        checkpoint.get_hub_api = lambda token=None: FakeHubApi(log)
     args = AdLoCoConfig(
         **{"use_cpu": True, "report_to": [], "disable_tqdm": True, "log_level": "warning", **spec["config"]}
     )
@@ -157,24 +185,37 @@ def main() -> None:
     spy_on_merges(os.path.join(probe_dir, "merges"), rank)
     data = sequence_dataset(spec.get("num_samples", 512))
     eval_data = data.select(range(spec.get("num_eval", 48))) if spec.get("eval") else None
-    trainer = RecordingTrainer(model=tiny_model(), args=args, train_dataset=data, eval_dataset=eval_data)
+    model = tiny_model(hidden_size=48) if spec.get("mismatch_rank") == rank else tiny_model()
+    trainer = RecordingTrainer(model=model, args=args, train_dataset=data, eval_dataset=eval_data)
+    if spec.get("kill_in_save") is not None:
+        kill_step, original_save = spec["kill_in_save"], trainer_module.save_rank_state
+
+        def dying_save(checkpoint_dir, save_rank, state):
+            if save_rank == 0 and trainer.state.global_step == kill_step:
+                os._exit(9)  # killed in the middle of writing the checkpoint
+            return original_save(checkpoint_dir, save_rank, state)
+
+        trainer_module.save_rank_state = dying_save
     if spec.get("nan"):
         trainer.nan_at = tuple(spec["nan"])
     before = BeforeSync(trainer, spec)
-    trainer.callback_handler.callbacks.insert(0, before)
     after = AfterSync(trainer, before, spec)
-    trainer.add_callback(after)
+    if spec.get("probes", True):  # the probes' own collectives would block on a lost worker first
+        trainer.callback_handler.callbacks.insert(0, before)
+        trainer.add_callback(after)
     probe = EvalProbe(trainer)
     trainer.add_callback(probe)
-    if spec.get("die") is not None:
-        die_rank, die_step = spec["die"]
+    if spec.get("fail") is not None:
+        fail_rank, fail_step, how = spec["fail"]  # how: an exit code, or "hang"
 
-        class Die(TrainerCallback):
+        class Fail(TrainerCallback):
             def on_step_begin(self, args, state, control, **kwargs):
-                if rank == die_rank and state.global_step == die_step:
-                    os._exit(3)
+                if fail_rank in (rank, "all") and state.global_step == fail_step:
+                    if how == "hang":
+                        time.sleep(600)
+                    os._exit(int(how))
 
-        trainer.add_callback(Die())
+        trainer.add_callback(Fail())
     trainer.train(resume_from_checkpoint=spec.get("resume"))
     final = flat_params(trainer.model)
     stacked = gather_params(trainer.model)

@@ -1,0 +1,148 @@
+"""Resume, interrupted saves, non-finite values, dead or hung workers, bad input — with real workers."""
+
+import json
+import os
+import time
+
+import pytest
+import safetensors.torch
+import torch
+from helpers import SCRIPTS, flat_params, launch, sequence_dataset, tiny_model
+from transformers import AutoModelForCausalLM
+
+from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+
+
+pytestmark = pytest.mark.multiprocess
+
+WORKER = os.path.join(SCRIPTS, "adloco_worker.py")
+
+# 2 workers, 2 instances merging at round 4 (after the checkpoint at round 2), norm-test batches that grow.
+RESUME_CONFIG = dict(
+    max_steps=30, inner_steps=5, save_steps=10, num_instances=2, merge_every=4, per_device_train_batch_size=2,
+    max_batch_size=4, eta=0.5, seed=3, optim="adamw_torch", learning_rate=3e-3,
+)  # fmt: skip
+
+
+def spec_for(out, probe, world_size=2, config=None, **extra):
+    return {
+        "output_dir": out,
+        "world_size": world_size,
+        "probe_dir": probe,
+        "config": {"output_dir": out, **(config or RESUME_CONFIG)},
+        **extra,
+    }
+
+
+def run_spec(spec, world_size=2, timeout=300, expect_failure=False):
+    if not expect_failure:
+        return launch(WORKER, json.dumps(spec), num_processes=world_size, timeout=timeout)
+    with pytest.raises(AssertionError) as failure:
+        launch(WORKER, json.dumps(spec), num_processes=world_size, timeout=timeout)
+    return str(failure.value)
+
+
+def merged_params(out):
+    return flat_params(AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged")))
+
+
+def rounds_of(out):
+    return [json.loads(line) for line in open(os.path.join(out, "adloco_rounds.jsonl"))]
+
+
+def comparable(lines):
+    keep = ("outer_step", "instance", "workers", "batch_size", "next_batch_size", "samples", "train_loss",
+            "grad_variance", "pseudo_grad_norm", "merged_from", "num_instances")  # fmt: skip
+    return [{k: line[k] for k in keep} for line in lines]
+
+
+def test_stop_and_resume_ends_with_the_same_merged_model(tmp_path):
+    full = str(tmp_path / "full")
+    run_spec(spec_for(full, str(tmp_path / "p0")))
+
+    # Stopped (all workers gone) at step 12, after checkpoint-10; resumed from it.
+    part = str(tmp_path / "part")
+    run_spec(spec_for(part, str(tmp_path / "p1"), fail=["all", 12, 0]))
+    assert os.path.isdir(os.path.join(part, "checkpoint-10")) and not os.path.isdir(os.path.join(part, "merged"))
+    for rank in range(2):
+        state = torch.load(os.path.join(part, "checkpoint-10", "adloco", f"rank-{rank}.pt"), weights_only=True)
+        assert state["world_size"] == 2 and state["outer_step"] == 2 and len(state["instances"]) == 2
+    run_spec(spec_for(part, str(tmp_path / "p2"), resume=os.path.join(part, "checkpoint-10")))
+
+    assert (merged_params(part) - merged_params(full)).abs().max().item() <= 1e-6
+    full_rounds, part_rounds = rounds_of(full), rounds_of(part)
+    assert comparable(part_rounds) == comparable(full_rounds)
+    assert any(line["merged_from"] for line in full_rounds if line["outer_step"] == 4)  # merged after the resume
+    assert full_rounds[-1]["batch_size"] > 2  # batches grew along the way
+
+    # Resuming with another number of workers is refused before training.
+    args = AdLoCoConfig(output_dir=part, use_cpu=True, report_to=[], **{k: v for k, v in RESUME_CONFIG.items()})
+    args.num_instances = 1
+    trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(512))
+    with pytest.raises(ValueError, match="written by 2 workers but this run has 1"):
+        trainer.train(resume_from_checkpoint=os.path.join(part, "checkpoint-10"))
+
+
+def test_a_save_killed_midway_leaves_the_last_checkpoint_loadable_and_resumable(tmp_path):
+    out = str(tmp_path / "out")
+    output = run_spec(spec_for(out, str(tmp_path / "p0"), kill_in_save=20), expect_failure=True)
+    assert "exit" in output
+    names = os.listdir(out)
+    assert "checkpoint-10" in names and "checkpoint-20" not in names
+    assert any(name.startswith(".tmp-checkpoint-20") for name in names)  # the half-written save, never renamed
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(out, "checkpoint-10"))
+    assert torch.isfinite(flat_params(model)).all()
+
+    run_spec(spec_for(out, str(tmp_path / "p1"), resume=True))
+    names = os.listdir(out)
+    assert not any(name.startswith(".tmp-") for name in names)
+    assert "checkpoint-30" in names and os.path.isfile(os.path.join(out, "merged", "model.safetensors"))
+    # Same result as a run that was never interrupted.
+    full = str(tmp_path / "full")
+    run_spec(spec_for(full, str(tmp_path / "p2")))
+    assert (merged_params(out) - merged_params(full)).abs().max().item() <= 1e-6
+
+
+def test_a_nan_on_one_worker_is_kept_out_of_the_global_weights(tmp_path):
+    out = str(tmp_path / "out")
+    config = dict(RESUME_CONFIG, num_instances=1, save_strategy="no", max_steps=20)
+    run_spec(spec_for(out, str(tmp_path / "p"), config=config, nan=[1, 7]))
+    lines = rounds_of(out)
+    # Rank 1's weights turn NaN at step 7, inside round 2 (steps 6-10): that round is skipped for the instance.
+    assert [line["skipped"] for line in lines] == [False, True, False, False]
+    assert lines[1]["train_loss"] is None  # NaN in the file is written as null
+    assert all(line["train_loss"] is not None for line in lines[2:])  # training recovered
+    assert lines[3]["train_loss"] < lines[0]["train_loss"]
+    final = safetensors.torch.load_file(os.path.join(tmp_path, "p", "final-rank0.safetensors"))["params"]
+    assert torch.isfinite(final).all()
+    assert torch.isfinite(merged_params(out)).all()
+
+
+@pytest.mark.parametrize("how", [0, "hang"], ids=["exits", "hangs"])
+def test_a_lost_worker_stops_the_others_with_an_error_naming_it(tmp_path, how):
+    out = str(tmp_path / "out")
+    config = dict(RESUME_CONFIG, num_instances=1, worker_timeout=4, save_steps=5)
+    start = time.time()
+    spec = spec_for(out, str(tmp_path / "p"), config=config, fail=[1, 7, how], probes=False)
+    output = run_spec(spec, expect_failure=True, timeout=120)
+    elapsed = time.time() - start
+    assert "round 2 (step 10)" in output
+    assert "worker rank(s) 1 did not arrive within 4 s" in output
+    assert "checkpoint-5" in output  # it points at the intact checkpoint
+    assert elapsed < 60
+    assert os.path.isfile(os.path.join(out, "checkpoint-5", "model.safetensors"))
+
+
+def test_models_that_differ_across_ranks_are_refused_before_any_broadcast(tmp_path):
+    out = str(tmp_path / "out")
+    config = dict(RESUME_CONFIG, num_instances=1, save_strategy="no")
+    output = run_spec(spec_for(out, str(tmp_path / "p"), config=config, mismatch_rank=1), expect_failure=True)
+    assert "the model on rank(s) [1] differs from rank 0's" in output
+
+
+def test_more_instances_than_workers_is_refused(tmp_path):
+    out = str(tmp_path / "out")
+    config = dict(RESUME_CONFIG, num_instances=3, save_strategy="no")
+    output = run_spec(spec_for(out, str(tmp_path / "p"), config=config), expect_failure=True)
+    assert "num_instances=3 exceeds the 2 worker(s)" in output
+    assert not os.path.exists(os.path.join(out, "adloco_rounds.jsonl"))
