@@ -380,6 +380,8 @@ class AdLoCoCallback(TrainerCallback):
                 "train_loss": sum(m["loss_sum"] for m in members) / steps if steps else math.nan,
                 "grad_variance": pooled.variance,
                 "grad_sq_norm": pooled.grad_sq_norm,
+                "grad_ip_variance": pooled.ip_variance,
+                "grad_orth_variance": pooled.orth_variance,
                 "stats_dof": pooled.dof,
                 "pseudo_grad_norm": members[0]["pseudo_grad_norm"],
                 "comm_bytes": ring_all_reduce_bytes(int(members[0]["payload_bytes"]), len(inst.workers)),

@@ -104,6 +104,7 @@ class AdLoCoTrainer(Trainer):
                 "eval_dataset=... or set eval_strategy='no'"
             )
         self.train_sampler: AdaptiveBatchSampler | None = None
+        self._train_loader: DataLoader | None = None
         self.adloco = AdLoCoCallback(self)
         self.add_callback(self.adloco)
 
@@ -135,13 +136,14 @@ class AdLoCoTrainer(Trainer):
             rank=self.args.process_index,
             seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
         )
-        return DataLoader(
+        self._train_loader = DataLoader(
             dataset,
             batch_sampler=self.train_sampler,
             collate_fn=collator,
             num_workers=0,
             pin_memory=self.args.dataloader_pin_memory,
         )
+        return self._train_loader
 
     # ---- no DDP ----
     def _wrap_model(self, model, training: bool = True, dataloader=None):
@@ -223,8 +225,7 @@ class AdLoCoTrainer(Trainer):
 
     def run_probe_step(self, size: int) -> None:
         """Forward and backward on `size` training samples, gradients cleared after (for max_batch_size='auto')."""
-        dataset = self.get_train_dataloader().dataset
-        collator = self.get_train_dataloader().collate_fn
+        dataset, collator = self._train_loader.dataset, self._train_loader.collate_fn
         inputs = self._prepare_inputs(collator([dataset[i % len(dataset)] for i in range(size)]))
         model = self.model
         model.train()
@@ -268,6 +269,7 @@ class AdLoCoTrainer(Trainer):
 
     @torch.no_grad()
     def _evaluate_instances(self, dataset, prefix: str) -> dict[str, float]:
+        self._memory_tracker.start()
         start = time.time()
         engine = self.adloco
         inst = engine.instance

@@ -1,6 +1,7 @@
 """AdLoCoTrainer on one worker, against plain Trainer and a hand-written DiLoCo loop."""
 
 import json
+import math
 import os
 
 import pytest
@@ -222,3 +223,40 @@ def test_bad_input_is_refused_before_training(tmp_path):
     streamed = data.to_iterable_dataset()
     with pytest.raises(ValueError, match="map-style"):
         AdLoCoTrainer(model=tiny_model(), args=config(tmp_path), train_dataset=streamed).train()
+
+
+def test_one_sample_batches_measure_noise_with_the_previous_step(tmp_path):
+    data = sequence_dataset(512)
+    args = config(tmp_path, max_steps=30, inner_steps=10, per_device_train_batch_size=1, max_batch_size=4, eta=0.5)
+    trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=data)
+    trainer.train()
+    lines = [json.loads(line) for line in open(os.path.join(args.output_dir, "adloco_rounds.jsonl"))]
+    first = lines[0]
+    assert first["batch_size"] == 1
+    assert first["stats_dof"] == 1 and first["grad_variance"] is not None and first["grad_variance"] > 0
+    assert first["next_batch_size"] > 1  # the noise measured from two one-sample steps grew the batch
+    assert lines[1]["stats_dof"] >= 1  # from then on the batch itself is split
+    assert not trainer.adloco.collector.has_previous  # the kept gradient was released
+
+
+@pytest.mark.parametrize("test", ["inner_product", "augmented_inner_product"])
+def test_inner_product_tests_drive_the_batch_size(tmp_path, test):
+    data = sequence_dataset(512)
+    theta, nu = 0.05, 0.5
+    args = config(
+        tmp_path, max_steps=30, inner_steps=10, per_device_train_batch_size=2, max_batch_size=2, switch_threshold=1.0,
+        batch_size_test=test, theta=theta, nu=nu, batch_size_cap=64,
+    )  # fmt: skip
+    trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=data)
+    trainer.train()
+    lines = [json.loads(line) for line in open(os.path.join(args.output_dir, "adloco_rounds.jsonl"))]
+    for line in lines:
+        assert line["stats_dof"] >= 1
+        g2 = line["grad_sq_norm"]
+        wanted = math.ceil(line["grad_ip_variance"] / (theta**2 * g2**2))
+        if test == "augmented_inner_product":
+            wanted = max(wanted, math.ceil(line["grad_orth_variance"] / (nu**2 * g2)))
+        assert line["next_batch_size"] == min(max(line["batch_size"], wanted), 64)
+    assert lines[-1]["next_batch_size"] > 2
+    # Accumulating more than two micro-batches: the collector pools them into two halves for the inner products.
+    assert any(line["accumulation_steps"] > 2 for line in lines)

@@ -1,0 +1,60 @@
+"""max_batch_size='auto': the search on CPU with a synthetic limit, and the real probe on CUDA."""
+
+import pytest
+import torch
+from helpers import sequence_dataset, tiny_model
+
+from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+from adloco_hf.config import CPU_AUTO_MAX_BATCH_SIZE
+from adloco_hf.max_batch import find_max_batch_size, is_out_of_memory, search_max_batch_size
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2, 3, 7, 64, 100, 4095, 4096, 5000])
+def test_search_finds_the_largest_size_that_fits(limit):
+    tried = []
+
+    def fits(size):
+        tried.append(size)
+        return size <= limit
+
+    assert search_max_batch_size(fits, upper=4096) == min(limit, 4096)
+    assert len(tried) <= 26  # doubling then bisection: logarithmic in the answer
+
+
+def test_out_of_memory_errors_are_recognised_and_others_are_not():
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_out_of_memory(RuntimeError("CUDA out of memory"))
+    assert not is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_auto_on_cpu_is_the_documented_default(tmp_path):
+    args = AdLoCoConfig(
+        output_dir=str(tmp_path), max_steps=2, inner_steps=1, use_cpu=True, report_to=[], save_strategy="no"
+    )
+    trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(64))
+    trainer.train()
+    assert trainer.adloco.max_batch_size == CPU_AUTO_MAX_BATCH_SIZE
+    assert (
+        find_max_batch_size(lambda size: None, device=torch.device("cpu"), memory_fraction=0.9, reserve_bytes=0) == 32
+    )
+
+
+@pytest.mark.cuda
+def test_auto_max_batch_on_cuda_fits_and_follows_the_memory_budget(tmp_path):
+    def found_with(fraction):
+        args = AdLoCoConfig(
+            output_dir=str(tmp_path / str(fraction)), max_steps=2, inner_steps=1, report_to=[], save_strategy="no",
+            max_batch_size="auto", memory_fraction=fraction, per_device_train_batch_size=1,
+        )  # fmt: skip
+        model = tiny_model(hidden_size=256, layers=4, vocab_size=64)
+        trainer = AdLoCoTrainer(model=model, args=args, train_dataset=sequence_dataset(4096, length=64))
+        trainer.train()
+        found = trainer.adloco.max_batch_size
+        trainer.run_probe_step(found)  # the size it chose really runs
+        torch.cuda.synchronize()
+        return found
+
+    large, small = found_with(0.9), found_with(0.02)
+    print(f"auto max_batch_size on {torch.cuda.get_device_name()}: {large} (90% of free memory), {small} (2%)")
+    assert large >= 1 and small >= 1
+    assert large > small
