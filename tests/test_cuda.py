@@ -34,10 +34,10 @@ def test_fp16_trains_learns_and_survives_an_overflow_step(tmp_path):
     trainer.train()
     assert trainer.accelerator.scaler is not None and trainer.accelerator.scaler.is_enabled()
     lines = [json.loads(line) for line in open(os.path.join(tmp_path, "adloco_rounds.jsonl"))]
-    print("fp16 rounds:", [(l["outer_step"], l["batch_size"], l["train_loss"], l["grad_variance"]) for l in lines])
+    print("fp16 rounds:", [(x["outer_step"], x["batch_size"], x["train_loss"], x["grad_variance"]) for x in lines])
     assert lines[-1]["train_loss"] < lines[0]["train_loss"]
     # Round 2's statistics step overflowed: no statistics, so the request stays; the round itself is not lost.
     assert lines[1]["stats_dof"] == 0 and lines[1]["next_batch_size"] == lines[1]["batch_size"]
     assert not lines[1]["skipped"]
-    assert all(l["grad_variance"] is not None for i, l in enumerate(lines) if i != 1)
+    assert all(x["grad_variance"] is not None for i, x in enumerate(lines) if i != 1)
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
