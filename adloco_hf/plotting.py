@@ -338,11 +338,14 @@ def plot_run(output_dir: str | os.PathLike, path: str | os.PathLike | None = Non
         xs = [round_start[records[0]["outer_step"]]] + [tokens[r["outer_step"]] for r in records]
         ys = [records[0]["batch_size"]] + [r["batch_size"] for r in records]
         ax_batch.step(xs, ys, where="pre", color=color[instance], lw=2, label=_instance_name(instance))
+        # Stars above crosses (zorder): a survivor and the instance it absorbed can sit on the same point.
         for r in records:
             if r.get("merged_from"):
-                ax_batch.plot(tokens[r["outer_step"]], r["batch_size"], "*", ms=15, color=color[instance], mec="k")
+                ax_batch.plot(
+                    tokens[r["outer_step"]], r["batch_size"], "*", ms=15, color=color[instance], mec="k", zorder=4
+                )
         if instance in merged_away:
-            ax_batch.plot(xs[-1], ys[-1], "X", ms=10, color=color[instance], mec="k")
+            ax_batch.plot(xs[-1], ys[-1], "X", ms=8, color=color[instance], mec="k", zorder=3)
     batch_sizes = [r["batch_size"] for r in rounds]
     if max(batch_sizes) >= 8 * max(min(batch_sizes), 1):
         ax_batch.set_yscale("log", base=2)

@@ -236,50 +236,71 @@ class AdLoCoTrainer(Trainer):
         finally:
             model.zero_grad(set_to_none=True)
 
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Adds `*_perplexity` next to every evaluation loss, so it reaches TensorBoard / W&B with it."""
-        for key in [k for k in logs if k.startswith("eval") and k.endswith("_loss")]:
-            logs.setdefault(key[: -len("_loss")] + "_perplexity", _perplexity(logs[key]))
-        super().log(logs, start_time)
-
     # ---- evaluation: one perplexity per instance ----
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """With one instance (or after the final merge) this is the Trainer's evaluation, plus perplexity.
+        """Exact token-weighted loss and perplexity of every model being trained.
 
-        With several instances every instance's global model is evaluated on the whole eval set by its own workers
-        (each takes a shard) and logged as `{prefix}_instance_{i}_loss` / `_perplexity`; `{prefix}_loss` is their
-        demand-weighted mean. `compute_metrics` is only applied in the single-instance case.
+        While several instances train, each instance's global model is evaluated on the whole eval set by its own
+        workers (each takes a shard) and logged as `{prefix}_instance_{i}_loss` / `_perplexity`; `{prefix}_loss` is
+        their demand-weighted mean. With one instance (or after the final merge) all workers share the eval set.
+        `compute_metrics` runs through the Trainer's `evaluation_loop` whenever a single model is evaluated.
         """
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("AdLoCoTrainer.evaluate needs an eval_dataset.")
         if isinstance(dataset, dict):
             metrics = {}
             for name, part in dataset.items():
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        engine = self.adloco
-        if engine.final_merged or len(engine.instances) <= 1:
-            metrics = super().evaluate(dataset, ignore_keys, metric_key_prefix)
-            loss = metrics.get(f"{metric_key_prefix}_loss")
-            if loss is not None:
-                metrics[f"{metric_key_prefix}_perplexity"] = _perplexity(loss)
-                label = "merged" if engine.final_merged else (engine.instances[0].id if engine.instances else 0)
-                self._write_eval_lines([(label, loss)])
-            return metrics
-        return self._evaluate_instances(dataset, metric_key_prefix)
-
-    @torch.no_grad()
-    def _evaluate_instances(self, dataset, prefix: str) -> dict[str, float]:
         self._memory_tracker.start()
         start = time.time()
         engine = self.adloco
-        inst = engine.instance
+        single = engine.final_merged or len(engine.instances) <= 1
+        metrics = {}
+        if single and self.compute_metrics is not None:
+            output = self.evaluation_loop(
+                self.get_eval_dataloader(dataset), "Evaluation", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
+            )
+            metrics.update({k: v for k, v in output.metrics.items() if k != f"{metric_key_prefix}_loss"})
+        losses = self._evaluation_losses(dataset, single)
+        label = "merged" if engine.final_merged else None
+        if single:
+            loss = losses[next(iter(losses))]
+            metrics[f"{metric_key_prefix}_loss"] = loss
+            metrics[f"{metric_key_prefix}_perplexity"] = _perplexity(loss)
+            evals = [(label if label is not None else next(iter(losses)), loss)]
+        else:
+            demand = {inst.id: inst.demand for inst in engine.instances}
+            for instance_id, loss in losses.items():
+                metrics[f"{metric_key_prefix}_instance_{instance_id}_loss"] = loss
+                metrics[f"{metric_key_prefix}_instance_{instance_id}_perplexity"] = _perplexity(loss)
+            weighted = sum(demand[i] * loss for i, loss in losses.items()) / sum(demand.values())
+            metrics[f"{metric_key_prefix}_loss"] = weighted
+            metrics[f"{metric_key_prefix}_perplexity"] = _perplexity(weighted)
+            evals = list(losses.items())
+        metrics.update(speed_metrics(metric_key_prefix, start, num_samples=len(dataset)))
+        self._write_eval_lines(evals)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        self._memory_tracker.stop_and_update_metrics(metrics)
+        return metrics
+
+    @torch.no_grad()
+    def _evaluation_losses(self, dataset, single: bool) -> dict[int, float]:
+        """{instance id: mean loss per token (per sample for models without labels to count)} on the whole set."""
+        engine = self.adloco
         if isinstance(dataset, datasets.Dataset):
             dataset = self._remove_unused_columns(dataset, description="evaluation")
             collator = self.data_collator
         else:
             collator = self._get_collator_with_removed_columns(self.data_collator, description="evaluation")
-        position = inst.workers.index(self.args.process_index)
-        shard = Subset(dataset, range(position, len(dataset), len(inst.workers)))
+        rank = self.args.process_index
+        if single:
+            group_id, members = (engine.instances[0].id if engine.instances else 0), list(range(self.args.world_size))
+        else:
+            group_id, members = engine.instance.id, list(engine.instance.workers)
+        shard = Subset(dataset, range(members.index(rank), len(dataset), len(members)))
         loader = DataLoader(shard, batch_size=self.args.eval_batch_size, collate_fn=collator)
         model = self.model
         model.eval()
@@ -295,24 +316,13 @@ class AdLoCoTrainer(Trainer):
             # A loss normalised by `items` is a sum over items divided by `items`; a mean loss is multiplied back.
             loss_sum += float(loss) * items
             count += items
-        rows = all_gather_rows([inst.id, loss_sum, count], self.args.device)
-        metrics, weighted, total_demand, evals = {}, 0.0, 0.0, []
-        for instance in engine.instances:
-            members = [rows[r] for r in instance.workers]
-            loss = sum(m[1] for m in members) / max(sum(m[2] for m in members), 1.0)
-            metrics[f"{prefix}_instance_{instance.id}_loss"] = loss
-            metrics[f"{prefix}_instance_{instance.id}_perplexity"] = _perplexity(loss)
-            weighted += instance.demand * loss
-            total_demand += instance.demand
-            evals.append((instance.id, loss))
-        metrics[f"{prefix}_loss"] = weighted / total_demand
-        metrics[f"{prefix}_perplexity"] = _perplexity(metrics[f"{prefix}_loss"])
-        metrics.update(speed_metrics(prefix, start, num_samples=len(dataset)))
-        self._write_eval_lines(evals)
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        self._memory_tracker.stop_and_update_metrics(metrics)
-        return metrics
+        rows = all_gather_rows([group_id, loss_sum, count], self.args.device)
+        totals: dict[int, list[float]] = {}
+        for row in rows:
+            total = totals.setdefault(int(row[0]), [0.0, 0.0])
+            total[0] += row[1]
+            total[1] += row[2]
+        return {i: s / max(c, 1.0) for i, (s, c) in sorted(totals.items())}
 
     def _write_eval_lines(self, evals: list[tuple[Any, float]]) -> None:
         if not self.is_world_process_zero():
@@ -399,6 +409,15 @@ class AdLoCoTrainer(Trainer):
             )
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         self.adloco.load_resume_state(load_rank_state(resume_from_checkpoint, self.args.process_index))
+
+    def end(self) -> None:
+        """Wait for every worker, then finish the trackers and destroy the process groups (call it last).
+
+        A worker that leaves with a live gloo group while another still uses its own can abort ("terminate called
+        without an active exception"), so the workers leave together.
+        """
+        barrier()
+        super().end()
 
     # ---- the merged model ----
     def save_merged_model(self, output_dir: str | None = None) -> str:

@@ -10,6 +10,15 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
+# DESIGN §4's keys of adloco_rounds.jsonl, written out here on purpose: a contract test must not read the list it checks.
+CONTRACT_ROUND_KEYS = frozenset(
+    {
+        "outer_step", "global_step", "instance", "workers", "num_instances", "batch_size", "next_batch_size",
+        "micro_batch_size", "accumulation_steps", "samples", "train_loss", "grad_variance", "grad_sq_norm",
+        "pseudo_grad_norm", "comm_bytes", "comm_seconds", "merged_from",
+    }
+)  # fmt: skip
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "tests", "scripts")
 

@@ -6,12 +6,12 @@ import os
 
 import pytest
 import torch
+from helpers import CONTRACT_ROUND_KEYS as ROUND_KEYS
 from helpers import flat_params, sequence_dataset, tiny_model
 from torch import nn
 from transformers import Trainer, TrainingArguments, default_data_collator
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-from adloco_hf.run_log import ROUND_KEYS
 from adloco_hf.sampler import AdaptiveBatchSampler
 from adloco_hf.switch_mode import plan_batch
 
@@ -260,3 +260,26 @@ def test_inner_product_tests_drive_the_batch_size(tmp_path, test):
     assert lines[-1]["next_batch_size"] > 2
     # Accumulating more than two micro-batches: the collector pools them into two halves for the inner products.
     assert any(line["accumulation_steps"] > 2 for line in lines)
+
+
+def test_evaluate_is_exact_and_keeps_compute_metrics(tmp_path):
+    data = sequence_dataset(64)
+    eval_data = data.select(range(13))  # an uneven last batch must not be padded or double-counted
+
+    def compute_metrics(prediction):
+        return {"n_predictions": float(len(prediction.label_ids))}
+
+    args = config(tmp_path, per_device_eval_batch_size=4)
+    trainer = AdLoCoTrainer(
+        model=tiny_model(), args=args, train_dataset=data, eval_dataset=eval_data, compute_metrics=compute_metrics
+    )
+    metrics = trainer.evaluate()
+    model = trainer.model
+    with torch.no_grad():
+        batch = default_data_collator([eval_data[i] for i in range(13)])
+        logits = model(input_ids=batch["input_ids"]).logits[:, :-1]
+        direct = nn.functional.cross_entropy(logits.reshape(-1, 64), batch["labels"][:, 1:].reshape(-1)).item()
+    assert metrics["eval_loss"] == pytest.approx(direct, rel=1e-6)
+    assert metrics["eval_perplexity"] == pytest.approx(math.exp(direct), rel=1e-6)
+    assert metrics["eval_n_predictions"] == 13
+    assert "eval_loss" in trainer.state.log_history[-1]

@@ -94,8 +94,6 @@ class EvalProbe(TrainerCallback):
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         engine = self.trainer.adloco
-        if engine.final_merged or len(engine.instances) < 2:
-            return
         model = self.trainer.model
         total, count = 0.0, 0
         with torch.no_grad():
@@ -110,9 +108,14 @@ class EvalProbe(TrainerCallback):
                     logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum"
                 ).item()
                 count += labels.numel()
-        logged = metrics[f"eval_instance_{engine.instance.id}_loss"]
+        if engine.final_merged or len(engine.instances) < 2:
+            key = "eval_merged_loss" if engine.final_merged else "eval_loss"
+            instance = "merged" if engine.final_merged else engine.instance.id
+        else:
+            key, instance = f"eval_instance_{engine.instance.id}_loss", engine.instance.id
+        logged = metrics[key]
         self.checks.append(
-            {"instance": engine.instance.id, "logged": logged, "direct": total / count, "step": state.global_step}
+            {"instance": instance, "logged": logged, "direct": total / count, "step": state.global_step}
         )
         assert abs(logged - total / count) < 1e-5, (logged, total / count)
 

@@ -1,0 +1,139 @@
+"""Command lines of the recipes: dataclass arguments from a YAML file, overridden on the command line.
+
+`accelerate launch recipes/pretrain_c4.py --config recipes/configs/demo.yaml --max_steps 40` reads every field of
+the YAML file as a default, then parses the command line as usual, so the command line wins. Precedence, lowest
+first: the dataclass defaults, `defaults=` given by the script, the YAML file, the command line. This is TRL's
+`TrlParser` convention, implemented on a plain `HfArgumentParser`.
+
+Example:
+```python
+from transformers import HfArgumentParser
+from adloco_hf import AdLoCoConfig
+from adloco_hf.cli import parse_args_with_yaml
+
+parser = HfArgumentParser((ScriptArguments, AdLoCoConfig))
+script_args, training_args = parse_args_with_yaml(parser)  # python train.py --config run.yaml --seed 1
+```
+"""
+
+import argparse
+import difflib
+import os
+from typing import Any
+
+import yaml
+from transformers import HfArgumentParser
+
+
+__all__ = ["CONFIG_FLAG", "load_yaml_defaults", "parse_args_with_yaml"]
+
+CONFIG_FLAG = "--config"
+
+
+def _argument_actions(parser: argparse.ArgumentParser) -> dict[str, list[argparse.Action]]:
+    """Every destination of the parser with its actions (a bool field has `--x` and `--no_x`, one destination)."""
+    actions: dict[str, list[argparse.Action]] = {}
+    for action in parser._actions:
+        if action.dest not in (argparse.SUPPRESS, "help", CONFIG_FLAG.lstrip("-")):
+            actions.setdefault(action.dest, []).append(action)
+    return actions
+
+
+def _convert(path: str, key: str, value: Any, action: argparse.Action) -> Any:
+    """Apply the argument's `type` to YAML strings (YAML 1.1 reads `2e-5` as a string) and check `choices`."""
+    convert = action.type if callable(action.type) else None
+
+    def one(item: Any) -> Any:
+        if convert is not None and isinstance(item, str):
+            try:
+                item = convert(item)
+            except (TypeError, ValueError, argparse.ArgumentTypeError) as error:
+                raise ValueError(f"{path}: {key}: {item!r} is not a valid value ({error})") from None
+        if action.choices is not None and item is not None and item not in action.choices:
+            raise ValueError(f"{path}: {key}: {item!r} is not one of {list(action.choices)}")
+        return item
+
+    return [one(item) for item in value] if isinstance(value, list) else one(value)
+
+
+def load_yaml_defaults(parser: argparse.ArgumentParser, path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML mapping of argument names to values and check every key against the parser.
+
+    Args:
+        parser: the parser whose arguments the file sets (keys are destinations: `learning_rate`, `max_steps`, ...).
+        path: the YAML file.
+
+    Returns:
+        The values, converted with each argument's `type`, ready for `parser.set_defaults(**values)`.
+
+    Raises:
+        ValueError: the file is not a mapping, names an argument the parser does not have (with the closest
+            names), or holds a value the argument rejects.
+    """
+    path = os.fspath(path)
+    with open(path, encoding="utf-8") as f:
+        config = yaml.safe_load(f)
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a mapping of argument names to values, not a {type(config).__name__}")
+    actions = _argument_actions(parser)
+    unknown = sorted(str(key) for key in config if key not in actions)
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, list(actions), n=3)
+            hints.append(f"{key!r}" + (f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""))
+        raise ValueError(
+            f"{path}: unknown key(s) {', '.join(hints)}. Keys are the script's argument names without the leading "
+            f"'--' (see --help)."
+        )
+    return {key: _convert(path, key, value, actions[key][0]) for key, value in config.items()}
+
+
+def parse_args_with_yaml(
+    parser: HfArgumentParser, args: list[str] | None = None, *, defaults: dict[str, Any] | None = None
+) -> tuple[Any, ...]:
+    """Parse the command line into the parser's dataclasses, with defaults from `--config file.yaml`.
+
+    Adds `--config` to `parser` (once), sets the YAML values as defaults (`parser.set_defaults`; arguments the
+    file sets are no longer required), then runs `parse_args_into_dataclasses`. The defaults stay on the parser.
+
+    Args:
+        parser: an `HfArgumentParser` over the script's dataclasses.
+        args: the command line without the program name; `None` reads `sys.argv[1:]`.
+        defaults: values the script chooses before the YAML file and the command line (e.g. `use_cpu=True` on a
+            machine without a GPU).
+
+    Returns:
+        One instance per dataclass of the parser, in order.
+
+    Raises:
+        ValueError: from [`load_yaml_defaults`], or for command-line arguments the parser does not know.
+    """
+    if not any(CONFIG_FLAG in action.option_strings for action in parser._actions):
+        parser.add_argument(
+            CONFIG_FLAG,
+            default=None,
+            metavar="FILE.yaml",
+            help="YAML file of argument values (keys are argument names); the command line overrides them.",
+        )
+    config_parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    config_parser.add_argument(CONFIG_FLAG, default=None)
+    config_path = config_parser.parse_known_args(args)[0].config
+
+    values = dict(defaults or {})
+    if config_path is not None:
+        values.update(load_yaml_defaults(parser, config_path))
+    if values:
+        actions = _argument_actions(parser)
+        unknown = sorted(set(values) - set(actions))
+        if unknown:
+            raise ValueError(f"defaults name unknown argument(s) {unknown}")
+        for key in values:
+            for action in actions[key]:
+                action.required = False
+        parser.set_defaults(**values)
+    outputs = parser.parse_args_into_dataclasses(args=args)
+    # The leftover namespace holds only `config`: the caller wants the dataclasses.
+    return tuple(output for output in outputs if not isinstance(output, argparse.Namespace))
