@@ -439,7 +439,7 @@ class AdLoCoCallback(TrainerCallback):
         """Save flat global weights as a `from_pretrained` folder (on the writing rank)."""
         model = self.trainer.accelerator.unwrap_model(self.trainer.model)
         names = [n for n, p in model.named_parameters() if p.requires_grad]
-        views = self.global_model._views(phi)
+        views = self.global_model.views_of(phi)
         card = model_card(title=title, settings=self.args.adloco_settings, summary=self.summary())
         return save_model_folder(
             folder,

@@ -57,14 +57,15 @@ class GlobalModel:
         self.numel = sum(p.numel() for p in params)
         self.phi = torch.zeros(self.numel, dtype=torch.float32, device=device, requires_grad=True)
         self.phi.grad = torch.zeros_like(self.phi)
-        self.views = self._views(self.phi.data)
-        self.grad_views = self._views(self.phi.grad)
+        self.views = self.views_of(self.phi.data)
+        self.grad_views = self.views_of(self.phi.grad)
         self.optimizer = torch.optim.SGD(
             [self.phi], lr=lr, momentum=momentum, nesterov=bool(nesterov and momentum > 0)
         )
         self.copy_from_params()
 
-    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+    def views_of(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Views of a flat tensor shaped like the parameters, in their order."""
         views, offset = [], 0
         for p in self.params:
             views.append(flat[offset : offset + p.numel()].view(p.shape))
