@@ -467,7 +467,10 @@ class AdLoCoCallback(TrainerCallback):
         logger.info(message)
 
     def _report(self, lines: list[dict]) -> None:
-        """`adloco/*` values through the Trainer's own logging (TensorBoard, W&B, ...): same call on every rank."""
+        """`adloco/*` values through the Trainer's own logging (TensorBoard, W&B, ...), once per round unless
+        `logging_strategy="no"`: same call on every rank."""
+        if self.args.logging_strategy == "no":
+            return
         demand = {inst.id: inst.demand for inst in self.instances}
         logs = {
             "adloco/round": self.outer_step,

@@ -106,7 +106,9 @@ class AdLoCoTrainer(Trainer):
         self.train_sampler: AdaptiveBatchSampler | None = None
         self._train_loader: DataLoader | None = None
         self.adloco = AdLoCoCallback(self)
-        self.add_callback(self.adloco)
+        # Right after DefaultFlowCallback, before reporting and user callbacks: at a round's end they then see the
+        # synchronised weights and the round's totals.
+        self.callback_handler.callbacks.insert(1, self.adloco)
 
     # ---- data: a plain DataLoader over the adaptive sampler ----
     def get_train_dataloader(self) -> DataLoader:
@@ -260,7 +262,10 @@ class AdLoCoTrainer(Trainer):
         metrics = {}
         if single and self.compute_metrics is not None:
             output = self.evaluation_loop(
-                self.get_eval_dataloader(dataset), "Evaluation", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
+                self.get_eval_dataloader(dataset),
+                "Evaluation",
+                ignore_keys=ignore_keys,
+                metric_key_prefix=metric_key_prefix,
             )
             metrics.update({k: v for k, v in output.metrics.items() if k != f"{metric_key_prefix}_loss"})
         losses = self._evaluation_losses(dataset, single)

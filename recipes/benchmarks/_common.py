@@ -1,0 +1,197 @@
+"""Helpers shared by the benchmarks: socket byte counters, curve interpolation, ratios, tables and JSON output.
+
+Everything here is pure Python (no torch), so `tests/test_benchmarks.py` checks it on synthetic inputs.
+"""
+
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+
+__all__ = [
+    "free_port",
+    "human_bytes",
+    "interpolate_curve",
+    "median_spread",
+    "parse_ss_bytes_sent",
+    "ratio",
+    "ring_all_reduce_bytes",
+    "socket_bytes_sent",
+    "table",
+    "write_json",
+]
+
+_PID = re.compile(r"pid=(\d+)")
+_BYTES_SENT = re.compile(r"\bbytes_sent:(\d+)")
+
+
+def ring_all_reduce_bytes(payload_bytes: int, num_workers: int) -> int:
+    """Bytes all workers together send in one ring all-reduce of `payload_bytes` each: 2 (M − 1) × payload.
+
+    The same model as `adloco_hf.outer.ring_all_reduce_bytes`, restated so that DDP's gradient all-reduce and
+    AdLoCo's pseudo-gradient all-reduce are counted alike.
+    """
+    return 2 * (num_workers - 1) * int(payload_bytes)
+
+
+def parse_ss_bytes_sent(text: str) -> dict[int, int]:
+    """Sum `bytes_sent` per owning process over the sockets of `ss -tinpH` output.
+
+    `ss -tinpH` prints one line per socket (state, queues, addresses, `users:(("name",pid=N,fd=F),...)`) followed,
+    with `-i`, by one indented line of TCP info that holds `bytes_sent:B` once the socket has sent anything. A socket
+    shared by several processes counts for each of them. Sockets without a `users:` field (owned by another user, or
+    `ss` run without `-p`) are ignored.
+
+    Returns:
+        `{pid: bytes sent}` over the sockets currently open.
+    """
+    totals: dict[int, int] = {}
+    owners: list[int] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if not line[0].isspace():  # a socket line: remember its owners until its info line
+            owners = sorted({int(p) for p in _PID.findall(line)}) if "users:(" in line else []
+            for pid in owners:
+                totals.setdefault(pid, 0)
+            # Some ss builds print the info on the same line when the output is not a terminal.
+            match = _BYTES_SENT.search(line)
+        else:
+            match = _BYTES_SENT.search(line)
+        if match and owners:
+            for pid in owners:
+                totals[pid] += int(match.group(1))
+            owners = []
+    return totals
+
+
+def socket_bytes_sent(pid: int | None = None) -> int | None:
+    """Bytes sent so far over the TCP sockets that process `pid` (default: this one) has open, from `ss -tinpH`.
+
+    Returns None when `ss` is missing or fails. Bytes of sockets closed in the meantime are not counted: measure
+    before and after a section during which the process groups' sockets stay open.
+    """
+    pid = os.getpid() if pid is None else pid
+    if shutil.which("ss") is None:
+        return None
+    try:
+        out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_ss_bytes_sent(out).get(pid, 0)
+
+
+def interpolate_curve(curve: Sequence[Sequence[float]], x: float) -> float | None:
+    """Perplexity at `x` tokens on a curve of `[tokens, perplexity]` points, or None outside its range.
+
+    Interpolates the loss (log-perplexity) linearly in tokens, which is how the Trainer's loss evolves between two
+    evaluations far better than the perplexity itself. Points need not be sorted; a repeated x keeps the last one.
+    """
+    points = {}
+    for tokens, ppl in curve:
+        if ppl is not None and math.isfinite(ppl) and ppl > 0:
+            points[float(tokens)] = float(ppl)
+    xs = sorted(points)
+    if not xs or x < xs[0] or x > xs[-1]:
+        return None
+    for left, right in zip(xs, xs[1:]):
+        if left <= x <= right:
+            if right == left:
+                return points[right]
+            t = (x - left) / (right - left)
+            return math.exp((1 - t) * math.log(points[left]) + t * math.log(points[right]))
+    return points[xs[-1]]
+
+
+def ratio(value: float | None, reference: float | None) -> float | None:
+    """`value / reference`, or None when either is missing or the reference is 0 or not finite."""
+    if value is None or reference is None:
+        return None
+    if not math.isfinite(reference) or reference == 0 or not math.isfinite(value):
+        return None
+    return value / reference
+
+
+def median_spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, min, max, and the half-width of the inter-quartile range relative to the median (a robust spread)."""
+    if not values:
+        raise ValueError("median_spread needs at least one value")
+    data = sorted(float(v) for v in values)
+    median = statistics.median(data)
+    if len(data) >= 4:
+        q1, _, q3 = statistics.quantiles(data, n=4, method="inclusive")
+    else:
+        q1, q3 = data[0], data[-1]
+    return {
+        "median": median,
+        "min": data[0],
+        "max": data[-1],
+        "iqr_half_rel": (q3 - q1) / 2 / abs(median) if median else math.inf,
+        "n": len(data),
+    }
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.3f}"
+    return str(value)
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """A GitHub-flavoured Markdown table: `columns` in order, one line per row, missing cells as '-'."""
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += ["| " + " | ".join(v.rjust(w) for v, w in zip(r, widths)) + " |" for r in cells]
+    return "\n".join(lines)
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Write JSON atomically (temporary file + rename): a reader never sees half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, allow_nan=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,378 @@
+"""One method of `convergence.py` on every worker: `accelerate launch ... _convergence_worker.py SPEC_JSON`.
+
+The driver (`convergence.py`) writes SPEC_JSON and launches this file once per method with the same workers, data,
+model initialisation, data order and inner optimizer. Every worker records what it saw; global rank 0 writes
+`{output_dir}/result.json`, which the driver collects. Not meant to be run by hand.
+
+- `ddp`: the plain `transformers.Trainer` with real DDP (gloo) over the same workers, fed by the same
+  `AdaptiveBatchSampler` shards as the AdLoCo workers (fixed batch), so every method sees the same samples in the
+  same order on every rank for as long as their batch sizes agree.
+- everything else: `AdLoCoTrainer` with the spec's `AdLoCoConfig` overrides; training stops at the end of the first
+  round at which the cumulative training tokens of all instances reach the budget.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
+
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import ring_all_reduce_bytes, socket_bytes_sent, write_json  # noqa: E402
+
+from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
+from adloco_hf.data import build_lm_datasets, load_or_train_tokenizer, load_text_corpus  # noqa: E402
+from adloco_hf.plotting import load_rounds  # noqa: E402
+from adloco_hf.presets import MODEL_PRESETS, build_model  # noqa: E402
+from adloco_hf.sampler import AdaptiveBatchSampler  # noqa: E402
+
+
+class BenchmarkMixin:
+    """Times every evaluation and counts its socket bytes, so both can be taken out of the training figures, and
+    records one curve point per evaluation: tokens, modelled bytes and measured training bytes so far, perplexity.
+
+    All ranks evaluate at the same moments, so the per-rank lists line up and are summed at the end.
+    """
+
+    def bench_setup(self, *, tokens_so_far, bytes_so_far) -> None:
+        self.bench_tokens_so_far = tokens_so_far
+        self.bench_bytes_so_far = bytes_so_far
+        self.bench_eval_seconds = 0.0
+        self.bench_eval_bytes = 0
+        self.bench_start_bytes: int | None = None
+        self.bench_points: list[dict] = []
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        sent_before = socket_bytes_sent()
+        measured = None  # training bytes so far: everything since the start but earlier evaluations
+        if None not in (sent_before, self.bench_start_bytes):
+            measured = sent_before - self.bench_start_bytes - self.bench_eval_bytes
+        tokens, modelled = self.bench_tokens_so_far(), self.bench_bytes_so_far()
+        start = time.perf_counter()
+        try:
+            metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        finally:
+            self.bench_eval_seconds += time.perf_counter() - start
+            sent_after = socket_bytes_sent()
+            if None not in (sent_before, sent_after):
+                self.bench_eval_bytes += sent_after - sent_before
+        loss = metrics[f"{metric_key_prefix}_loss"]
+        instances = {
+            key[len(metric_key_prefix) + len("_instance_") : -len("_loss")]: value
+            for key, value in metrics.items()
+            if key.startswith(f"{metric_key_prefix}_instance_") and key.endswith("_loss")
+        }
+        self.bench_points.append(
+            {
+                "prefix": metric_key_prefix,
+                "global_step": self.state.global_step,
+                "tokens": tokens,
+                "comm_bytes": modelled,
+                "measured_bytes_local": measured,
+                "eval_loss": loss,
+                "eval_ppl": math.exp(loss),
+                "instance_losses": instances,
+                "best_instance_ppl": math.exp(min(instances.values())) if instances else math.exp(loss),
+            }
+        )
+        return metrics
+
+
+class DDPTrainer(BenchmarkMixin, Trainer):
+    """The plain Trainer (DDP), only fed by the same sampler shards as the AdLoCo workers."""
+
+    def get_train_dataloader(self) -> DataLoader:
+        # Not prepared by accelerate: each rank already draws its own shard, exactly as an AdLoCo worker does.
+        dataset = self._remove_unused_columns(self.train_dataset, description="training")
+        sampler = AdaptiveBatchSampler(
+            len(dataset),
+            batch_size=self.args.per_device_train_batch_size,
+            num_workers=self.args.world_size,
+            rank=self.args.process_index,
+            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
+        )
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=self.data_collator, num_workers=0)
+
+
+class BenchAdLoCoTrainer(BenchmarkMixin, AdLoCoTrainer):
+    pass
+
+
+class TokenBudgetStop(TrainerCallback):
+    """Stops AdLoCo at the end of the first round whose cumulative training tokens (all instances) reach the budget.
+
+    Added with `trainer.add_callback` after construction, so it runs after `AdLoCoCallback.on_step_end` has closed
+    the round and updated `totals["tokens"]` (callbacks given to the constructor would run before it).
+    """
+
+    def __init__(self, trainer: AdLoCoTrainer, budget: int):
+        self.trainer, self.budget = trainer, budget
+
+    def on_step_end(self, args, state, control, **kwargs):
+        engine = self.trainer.adloco
+        if engine.last_synced_step == state.global_step and engine.totals["tokens"] >= self.budget:
+            control.should_training_stop = True
+
+
+def common_arguments(spec: dict) -> dict:
+    train = spec["train"]
+    on_cpu = spec["device"] == "cpu"
+    return {
+        "output_dir": spec["output_dir"],
+        "per_device_train_batch_size": train["batch_size"],
+        "per_device_eval_batch_size": train["eval_batch_size"],
+        "learning_rate": train["learning_rate"],
+        "weight_decay": train["weight_decay"],
+        "adam_beta2": train["adam_beta2"],
+        # Constant after warm-up: the methods run different step counts for the same tokens, so a schedule tied
+        # to max_steps would differ between them.
+        "lr_scheduler_type": "constant_with_warmup",
+        "warmup_steps": train["warmup_steps"],
+        "max_grad_norm": train["max_grad_norm"],
+        "optim": "adamw_torch",
+        "seed": spec["seed"],
+        "data_seed": spec["seed"],
+        "use_cpu": on_cpu,
+        "ddp_backend": "gloo",
+        "fp16": bool(spec["fp16"]),
+        "eval_strategy": "steps",
+        "prediction_loss_only": True,  # the Trainer would otherwise gather every eval logit across workers
+        "save_strategy": "no",
+        "logging_steps": train["inner_steps"],
+        "report_to": "none",
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "average_tokens_across_devices": False,
+    }
+
+
+def max_steps_for(spec: dict) -> int:
+    """Steps that reach the token budget: exactly for DDP's fixed batch; an upper bound, in whole rounds, for AdLoCo.
+
+    AdLoCo's requests only grow, and a step uses at least min(initial request, max_batch_size) samples (switch mode
+    caps a request above max_batch_size there), so that batch bounds the run; the budget callback ends it earlier.
+    """
+    train, world = spec["train"], spec["world_size"]
+    if spec["kind"] == "ddp":
+        return math.ceil(spec["budget_tokens"] / (world * train["batch_size"] * spec["block_size"]))
+    smallest = train["batch_size"]
+    if isinstance(spec["adloco"].get("max_batch_size"), int):
+        smallest = min(smallest, spec["adloco"]["max_batch_size"])
+    h = train["inner_steps"]
+    return (math.ceil(spec["budget_tokens"] / (world * smallest * spec["block_size"]) / h) + 1) * h
+
+
+def make_arguments(spec: dict) -> TrainingArguments:
+    train = spec["train"]
+    eval_steps = train["inner_steps"] * train["eval_every_rounds"]
+    kwargs = common_arguments(spec)
+    if spec["kind"] == "ddp":
+        return TrainingArguments(
+            **kwargs, max_steps=max_steps_for(spec), eval_steps=eval_steps, ddp_find_unused_parameters=False
+        )
+    return AdLoCoConfig(
+        **kwargs,
+        max_steps=max_steps_for(spec),
+        inner_steps=train["inner_steps"],
+        eval_steps=eval_steps,
+        save_merges=False,
+        **spec["adloco"],
+    )
+
+
+def load_data(spec: dict):
+    data = spec["data"]
+    texts = load_text_corpus(data["corpus"])
+    tokenizer = load_or_train_tokenizer(None, texts, vocab_size=data["vocab_size"], cache_dir=spec["cache_dir"])
+    lm = build_lm_datasets(texts, tokenizer, block_size=spec["block_size"], cache_dir=spec["cache_dir"])
+    return tokenizer, lm
+
+
+def make_model(spec: dict, tokenizer):
+    preset = spec["preset"]
+    overrides = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "max_position_embeddings": max(MODEL_PRESETS[preset]["max_position_embeddings"], spec["block_size"]),
+    }
+    return build_model(preset, vocab_size=len(tokenizer), seed=spec["seed"], config_overrides=overrides)
+
+
+def adloco_rounds(output_dir: str) -> list[dict]:
+    """Per round: tokens so far, instances, per-worker batch sizes, bytes of the round (from adloco_rounds.jsonl)."""
+    by_round: dict[int, list[dict]] = {}
+    for line in load_rounds(output_dir):
+        by_round.setdefault(line["outer_step"], []).append(line)
+    rounds, previous_step = [], 0
+    for step in sorted(by_round):
+        lines = by_round[step]
+        workers = sum(len(line["workers"]) for line in lines)
+        steps = lines[0]["global_step"] - previous_step
+        previous_step = lines[0]["global_step"]
+        # What the workers really ran (switch mode caps a request between max_batch_size and γ × max_batch_size).
+        used = {str(line["instance"]): line["samples"] / (len(line["workers"]) * steps) for line in lines}
+        rounds.append(
+            {
+                "outer_step": step,
+                "global_step": lines[0]["global_step"],
+                "total_tokens": lines[0]["total_tokens"],
+                "num_instances": lines[0]["num_instances"],
+                "instances_trained": len(lines),
+                "requested_batch_sizes": {str(line["instance"]): line["batch_size"] for line in lines},
+                "batch_sizes": used,
+                "mean_batch_size": sum(line["samples"] for line in lines) / (workers * steps),
+                "accumulation_steps": {str(line["instance"]): line["accumulation_steps"] for line in lines},
+                "comm_bytes": sum(line["comm_bytes"] for line in lines),
+                "merged": any(line["merged_from"] for line in lines),
+            }
+        )
+    return rounds
+
+
+def main() -> None:
+    with open(sys.argv[1], encoding="utf-8") as f:
+        spec = json.load(f)
+    torch.set_num_threads(spec.get("threads_per_worker", 1))
+    args = make_arguments(spec)  # initialises the process group
+    world = spec["world_size"]
+    if args.world_size != world or not dist.is_initialized() or dist.get_world_size() != world:
+        raise RuntimeError(
+            f"expected {world} workers, this one sees world_size={args.world_size}: launch with "
+            "`accelerate launch --multi_gpu --num_processes N` and keep use_cpu=True on a machine without a GPU"
+        )
+    tokenizer, lm = load_data(spec)
+    model = make_model(spec, tokenizer)
+    kind = spec["kind"]
+    trainer_class = DDPTrainer if kind == "ddp" else BenchAdLoCoTrainer
+    trainer = trainer_class(
+        model=model,
+        args=args,
+        train_dataset=lm["train"],
+        eval_dataset=lm["eval"],
+        data_collator=default_data_collator,
+    )
+    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    tokens_per_step = world * spec["train"]["batch_size"] * spec["block_size"]
+    ddp_step_bytes = ring_all_reduce_bytes(4 * numel, world)  # fp32 gradients, one all-reduce per step
+    if kind == "ddp":
+        trainer.bench_setup(
+            tokens_so_far=lambda: trainer.state.global_step * tokens_per_step,
+            bytes_so_far=lambda: trainer.state.global_step * ddp_step_bytes,
+        )
+    else:
+        trainer.bench_setup(
+            tokens_so_far=lambda: int(trainer.adloco.totals["tokens"]),
+            bytes_so_far=lambda: int(trainer.adloco.totals["comm_bytes"]),
+        )
+        trainer.add_callback(TokenBudgetStop(trainer, spec["budget_tokens"]))
+
+    dist.barrier()
+    trainer.bench_start_bytes = socket_bytes_sent()
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    sent_end = socket_bytes_sent()
+    if kind == "ddp" and (
+        not trainer.bench_points or trainer.bench_points[-1]["global_step"] != trainer.state.global_step
+    ):
+        trainer.evaluate(metric_key_prefix="final")  # not part of the training time
+        sent_end = socket_bytes_sent()
+
+    measured = None
+    if None not in (trainer.bench_start_bytes, sent_end):
+        measured = sent_end - trainer.bench_start_bytes - trainer.bench_eval_bytes
+    mine = {
+        "rank": args.process_index,
+        "pid": os.getpid(),
+        "wall": wall,
+        "eval_seconds": trainer.bench_eval_seconds,
+        "measured": measured,
+        "eval_bytes": trainer.bench_eval_bytes,
+        "points": [p["measured_bytes_local"] for p in trainer.bench_points],
+    }
+    everyone: list[dict] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    if args.process_index == 0:
+        write_result(spec, args, trainer, everyone, tokens_per_step=tokens_per_step, ddp_step_bytes=ddp_step_bytes)
+    dist.barrier()
+    dist.destroy_process_group()
+    # Skip the interpreter's teardown: on torch 2.13 + gloo it now and then aborts one worker ("terminate called
+    # without an active exception", DDP runs included) after everything is done, which fails the whole launch.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def write_result(spec, args, trainer, everyone, *, tokens_per_step: int, ddp_step_bytes: int) -> None:
+    """Global rank 0: combine every worker's numbers into `{output_dir}/result.json`."""
+    kind, world = spec["kind"], spec["world_size"]
+    numel = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+
+    def total(values):
+        return None if any(v is None for v in values) else int(sum(values))
+
+    points = trainer.bench_points
+    for i, point in enumerate(points):
+        point["measured_bytes"] = total([r["points"][i] for r in everyone])
+        del point["measured_bytes_local"]
+    final = points[-1]
+    steps = trainer.state.global_step
+    if kind == "ddp":
+        tokens, comm_bytes, comm_rounds, rounds = steps * tokens_per_step, steps * ddp_step_bytes, steps, None
+        batch_sizes = [[0, spec["train"]["batch_size"]]]
+        instances_curve = [[0, 1]]
+    else:
+        engine = trainer.adloco
+        tokens, comm_bytes = int(engine.totals["tokens"]), int(engine.totals["comm_bytes"])
+        rounds = adloco_rounds(args.output_dir)
+        final_merge_bytes = comm_bytes - sum(r["comm_bytes"] for r in rounds)
+        comm_rounds = sum(1 for r in rounds if r["comm_bytes"] > 0) + (1 if final_merge_bytes > 0 else 0)
+        batch_sizes = [[r["total_tokens"], r["mean_batch_size"]] for r in rounds]
+        instances_curve = [[r["total_tokens"], r["num_instances"]] for r in rounds]
+    walls = [r["wall"] - r["eval_seconds"] for r in everyone]
+    result = {
+        "method": spec["method"],
+        "kind": kind,
+        "budget_reached": tokens >= spec["budget_tokens"],
+        "final_eval_ppl": final["eval_ppl"],
+        "tokens": tokens,
+        "comm_rounds": comm_rounds,
+        "comm_bytes": comm_bytes,
+        "wall_seconds": max(walls),
+        "curve": [[p["tokens"], p["eval_ppl"]] for p in points],
+        "curve_bytes": [[p["comm_bytes"], p["eval_ppl"]] for p in points],
+        "curve_best_instance": [[p["tokens"], p["best_instance_ppl"]] for p in points],
+        "curve_measured_bytes": [[p["measured_bytes"], p["eval_ppl"]] for p in points],
+        "measured_bytes_sent": total([r["measured"] for r in everyone]),
+        "measured_eval_bytes_sent": int(sum(r["eval_bytes"] for r in everyone)),
+        "measured_bytes_per_rank": [r["measured"] for r in everyone],
+        "wall_seconds_with_eval": max(r["wall"] for r in everyone),
+        "eval_seconds": max(r["eval_seconds"] for r in everyone),
+        "steps": steps,
+        "rounds": None if rounds is None else len(rounds),
+        "tokens_per_second": tokens / max(walls),
+        "parameters": numel,
+        "batch_sizes": batch_sizes,
+        "instances": instances_curve,
+        "round_log": rounds,
+        "evals": points,
+        "world_size": world,
+        "torch_threads": torch.get_num_threads(),
+    }
+    write_json(os.path.join(args.output_dir, "result.json"), result)
+    print(
+        f"[{spec['method']}] ppl {final['eval_ppl']:.2f} tokens {tokens} steps {steps} bytes {comm_bytes} "
+        f"measured {result['measured_bytes_sent']} wall {result['wall_seconds']:.1f}s",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

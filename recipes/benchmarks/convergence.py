@@ -1,0 +1,524 @@
+"""Convergence per token and per byte: DDP, DiLoCo, AdLoCo and AdLoCo's ablations under one token budget.
+
+Every method trains the same model from the same initial weights on the same workers, data shards and data order
+(as long as the batch sizes agree), with the same inner AdamW and learning rate, and stops once its cumulative
+training tokens reach the budget. Each method is one `accelerate launch` of `_convergence_worker.py`.
+
+| method | what it is |
+|---|---|
+| `ddp` | plain `transformers.Trainer`, real DDP (gloo) over the same workers, global batch = DiLoCo's initial one |
+| `diloco` | `AdLoCoTrainer`, 1 instance, fixed batch (`batch_size_test="none"`), Nesterov outer step (defaults) |
+| `adloco` | 4 instances that merge every `merge_every` rounds, norm-test adaptive batches, switch mode (γ = 2) |
+| `adloco_no_adaptive` | `adloco` with a fixed batch (`batch_size_test="none"`) |
+| `adloco_no_merge` | `adloco` without merges (`merge_every=0`): 4 instances to the end, merged once at the end |
+| `adloco_no_switch` | `adloco` without switch mode's accumulation (`switch_threshold=1e9`): a request above `max_batch_size` is capped there, so the batch never grows past what one forward/backward holds |
+| `adloco_paper_outer` | `adloco` with the outer SGD of the paper's table (lr 0.5, no momentum) |
+
+Measured per method: the eval perplexity curve against training tokens (every `eval_every_rounds` rounds; with
+several instances the demand-weighted `eval_loss` of the instances, the library's own `eval_loss`; the best
+instance's curve is kept too) and the final model's perplexity (AdLoCo: the merged model after the final merge),
+the communication rounds, the bytes communicated (modelled: 2 (M − 1) × payload per all-reduce, DDP's fp32 gradients
+every step, AdLoCo's pseudo-gradients and merge transfers from its logs; and measured: `bytes_sent` of every worker's
+TCP sockets from `ss -tinpH` before and after training, evaluations excluded) and the training wall time
+(evaluations excluded).
+
+    # The README's table (4 CPU workers, tiny Llama, built-in corpus):
+    python recipes/benchmarks/convergence.py
+    # A quicker set (< 12 minutes on 2 CPU cores):
+    python recipes/benchmarks/convergence.py --quick
+    # A subset, and a tuning override:
+    python recipes/benchmarks/convergence.py --quick --methods ddp diloco adloco --learning_rate 2e-3
+    # GPU: MicroLlama's architecture, 4 workers sharing one GPU over gloo (NCCL-free), fp16:
+    python recipes/benchmarks/convergence.py --device cuda --preset microllama --fp16
+
+Outputs in `--output_dir` (default `outputs/benchmarks/convergence`): `results.json`
+(`{"methods": {name: {"final_eval_ppl", "tokens", "comm_rounds", "comm_bytes", "wall_seconds", "curve", ...}}}`),
+`table.md`, `convergence.png`, and one folder per method with its spec, launch log and AdLoCo run files.
+"""
+
+import argparse
+import copy
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from _common import free_port, human_bytes, interpolate_curve, ratio, table, write_json  # noqa: E402
+
+
+WORKER = os.path.join(HERE, "_convergence_worker.py")
+
+# What changes between methods; everything else is the shared setting below.
+ADLOCO = {"num_instances": 4, "batch_size_test": "norm"}
+METHODS: dict[str, dict] = {
+    "ddp": {"kind": "ddp"},
+    "diloco": {"kind": "adloco", "adloco": {"num_instances": 1, "batch_size_test": "none"}},
+    "adloco": {"kind": "adloco", "adloco": dict(ADLOCO)},
+    "adloco_no_adaptive": {"kind": "adloco", "adloco": {**ADLOCO, "batch_size_test": "none"}},
+    "adloco_no_merge": {"kind": "adloco", "adloco": {**ADLOCO, "merge_every": 0}},
+    # "Never accumulate": γ so large that no request reaches γ × max_batch_size; requests above max_batch_size
+    # are capped at it (switch mode's middle band). The other reading, γ = 1 (always accumulate), is switch
+    # mode itself with a narrower band.
+    "adloco_no_switch": {"kind": "adloco", "adloco": {**ADLOCO, "switch_threshold": 1e9}},
+    "adloco_paper_outer": {
+        "kind": "adloco",
+        "adloco": {**ADLOCO, "outer_lr": 0.5, "outer_momentum": 0.0, "outer_nesterov": False},
+    },
+}
+
+# Shared settings. `train` is identical for every method; `adloco` applies to every AdLoCoTrainer method before
+# the method's own overrides (DiLoCo included, where the batch-size and merge settings have no effect).
+CPU_BASE = {
+    "device": "cpu",
+    "preset": "tiny",
+    "fp16": False,
+    "world_size": 4,
+    "threads_per_worker": 1,
+    "block_size": 128,
+    "seed": 42,
+    "data": {"corpus": "builtin:python-docs", "vocab_size": 4096},
+    "train": {
+        "batch_size": 4,
+        "eval_batch_size": 64,
+        "learning_rate": 3e-3,
+        "weight_decay": 0.01,
+        "adam_beta2": 0.99,
+        "warmup_steps": 20,
+        "max_grad_norm": 1.0,
+        "inner_steps": 25,
+        "eval_every_rounds": 2,
+    },
+    "adloco": {
+        "outer_lr": 0.7,
+        "outer_momentum": 0.9,
+        "outer_nesterov": True,
+        "merge_every": 2,
+        "eta": 0.8,
+        "max_batch_size": 8,
+        "switch_threshold": 2.0,
+        "batch_size_cap": 64,
+        "pseudo_grad_dtype": "bfloat16",
+    },
+    "timeout": 1200,
+}
+PROFILES = {
+    ("cpu", "quick"): {"budget_tokens": 1_024_000, "timeout": 600},
+    ("cpu", "full"): {"budget_tokens": 4_096_000, "train": {"eval_every_rounds": 4}},
+    # One GPU shared by the 4 workers over gloo (NCCL refuses two ranks on one GPU): the default run must fit in 10
+    # minutes on an H100. DDP's fp32 gradient all-reduce through gloo (~1 GB per step for MicroLlama's architecture
+    # with this 4096-token vocabulary) dominates its time, which bounds the budget.
+    ("cuda", "quick"): {
+        "budget_tokens": 307_200,
+        "block_size": 256,
+        "train": {
+            "batch_size": 8,
+            "inner_steps": 10,
+            "eval_every_rounds": 2,
+            "learning_rate": 6e-4,
+            "warmup_steps": 10,
+        },
+        "adloco": {"merge_every": 1, "max_batch_size": 16, "batch_size_cap": 64},
+        "timeout": 240,
+    },
+    ("cuda", "full"): {
+        "budget_tokens": 614_400,
+        "block_size": 256,
+        "train": {
+            "batch_size": 8,
+            "inner_steps": 10,
+            "eval_every_rounds": 2,
+            "learning_rate": 6e-4,
+            "warmup_steps": 10,
+        },
+        "adloco": {"max_batch_size": 16, "batch_size_cap": 64},
+        "timeout": 300,
+    },
+}
+TRAIN_OVERRIDES = ("batch_size", "learning_rate", "inner_steps", "eval_every_rounds", "warmup_steps")
+ADLOCO_OVERRIDES = ("eta", "max_batch_size", "batch_size_cap", "merge_every", "outer_lr")
+
+
+def _merge(base: dict, update: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def shared_settings(args: argparse.Namespace) -> dict:
+    """The settings every method shares, from the profile and the command line."""
+    profile = ("cuda" if args.device == "cuda" else "cpu", "quick" if args.quick else "full")
+    settings = _merge(CPU_BASE, PROFILES[profile])
+    settings["device"] = args.device
+    settings["cache_dir"] = os.path.abspath(args.cache_dir)
+    if args.preset is not None:
+        settings["preset"] = args.preset
+    elif args.device == "cuda":
+        settings["preset"] = "microllama"
+    settings["fp16"] = bool(args.fp16)
+    if args.budget_tokens is not None:
+        settings["budget_tokens"] = args.budget_tokens
+    for name in TRAIN_OVERRIDES:
+        if getattr(args, name) is not None:
+            settings["train"][name] = getattr(args, name)
+    for name in ADLOCO_OVERRIDES:
+        if getattr(args, name) is not None:
+            settings["adloco"][name] = getattr(args, name)
+    if args.timeout is not None:
+        settings["timeout"] = args.timeout
+    for assignment in args.set:
+        key, _, raw = assignment.partition("=")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = settings
+        *path, leaf = key.split(".")
+        for part in path:
+            node = node[part]
+        if leaf not in node:
+            raise SystemExit(f"--set {assignment}: {key} is not a shared setting ({sorted(node)})")
+        node[leaf] = value
+    return settings
+
+
+def method_spec(name: str, settings: dict, output_dir: str) -> dict:
+    method = METHODS[name]
+    spec = copy.deepcopy(settings)
+    spec.update(method=name, kind=method["kind"], output_dir=os.path.join(output_dir, name))
+    spec["adloco"] = {**settings["adloco"], **method.get("adloco", {})}
+    return spec
+
+
+# ---- before the launches: data built once, initial perplexity ----
+def prepare(settings: dict) -> float | None:
+    """Build the tokenizer and packed data into the cache (the workers then only load them) and return the
+    initial model's eval perplexity (the curves' first point: every method starts from these weights)."""
+    import torch
+    from _convergence_worker import load_data, make_model
+    from transformers import default_data_collator
+
+    tokenizer, lm = load_data(settings)
+    model = make_model(settings, tokenizer).to(settings["device"]).eval()
+    total, count = 0.0, 0
+    eval_set = lm["eval"]
+    batch = settings["train"]["eval_batch_size"]
+    with torch.no_grad():
+        for start in range(0, len(eval_set), batch):
+            inputs = default_data_collator([eval_set[i] for i in range(start, min(start + batch, len(eval_set)))])
+            ids = inputs["input_ids"].to(settings["device"])
+            logits = model(input_ids=ids).logits[:, :-1].float()
+            labels = ids[:, 1:]
+            total += torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum"
+            ).item()
+            count += labels.numel()
+    del model
+    if settings["device"] == "cuda":
+        torch.cuda.empty_cache()  # the workers need the memory; this process keeps only its CUDA context
+    return math.exp(total / count)
+
+
+# ---- one method ----
+def launch(spec: dict, log_path: str) -> tuple[int, float]:
+    """Run the workers of one method; returns (exit code, seconds). Kills the whole launch on timeout."""
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(spec["world_size"]),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        WORKER,
+        os.path.join(spec["output_dir"], "spec.json"),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": str(spec["threads_per_worker"]),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    start = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
+        )
+        try:
+            code = process.wait(timeout=spec["timeout"])
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            code = 124
+    return code, time.perf_counter() - start
+
+
+def run_method(name: str, settings: dict, output_dir: str, reuse: bool) -> dict:
+    spec = method_spec(name, settings, output_dir)
+    folder = spec["output_dir"]
+    result_path = os.path.join(folder, "result.json")
+    spec_path = os.path.join(folder, "spec.json")
+    if reuse and os.path.exists(result_path) and os.path.exists(spec_path):
+        with open(spec_path, encoding="utf-8") as f:
+            if json.load(f) == spec:
+                with open(result_path, encoding="utf-8") as f:
+                    print(f"[{name}] reusing {result_path}", flush=True)
+                    return json.load(f)
+    os.makedirs(folder, exist_ok=True)
+    if os.path.exists(result_path):
+        os.remove(result_path)
+    write_json(spec_path, spec)
+    log_path = os.path.join(folder, "launch.log")
+    print(f"[{name}] launching {spec['world_size']} workers (log: {log_path})", flush=True)
+    code, seconds = launch(spec, log_path)
+    if not os.path.exists(result_path):
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            tail = f.read()[-3000:]
+        print(f"[{name}] FAILED (exit {code}) after {seconds:.0f}s; end of {log_path}:\n{tail}", flush=True)
+        return {"error": f"exit {code}", "launch_seconds": seconds}
+    # result.json is written once every worker has finished training and reported; a failure after that (at
+    # teardown) does not touch the measurements, but is kept in the record.
+    with open(result_path, encoding="utf-8") as f:
+        result = json.load(f)
+    result["launch_seconds"] = seconds
+    result["exit_code"] = code
+    if not result.get("budget_reached", True):
+        print(f"[{name}] WARNING: stopped at {result['tokens']:,} tokens, below the budget", flush=True)
+    if code != 0:
+        print(f"[{name}] workers exited with {code} after writing their result (see {log_path})", flush=True)
+    print(
+        f"[{name}] done in {seconds:.0f}s: ppl {result['final_eval_ppl']:.2f}, {result['tokens']:,} tokens, "
+        f"{human_bytes(result['comm_bytes'])} modelled, {human_bytes(result['measured_bytes_sent'])} measured",
+        flush=True,
+    )
+    return result
+
+
+# ---- the comparison ----
+def compare(methods: dict[str, dict]) -> dict:
+    """Perplexity at equal tokens and the ratios against ddp and diloco; adds keys to each method in place."""
+    done = {name: m for name, m in methods.items() if "error" not in m}
+    if not done:
+        return {}
+    equal_tokens = min(m["tokens"] for m in done.values())
+    for m in done.values():
+        m["ppl_at_equal_tokens"] = interpolate_curve(m["curve"], equal_tokens)
+    for m in done.values():
+        for ref in ("ddp", "diloco"):
+            other = done.get(ref)
+            m[f"ppl_vs_{ref}"] = ratio(m["ppl_at_equal_tokens"], other and other["ppl_at_equal_tokens"])
+            m[f"bytes_vs_{ref}"] = ratio(m["comm_bytes"], other and other["comm_bytes"])
+            m[f"measured_bytes_vs_{ref}"] = ratio(m["measured_bytes_sent"], other and other["measured_bytes_sent"])
+            m[f"wall_vs_{ref}"] = ratio(m["wall_seconds"], other and other["wall_seconds"])
+    return {"equal_tokens": equal_tokens, "targets": check_targets(done)}
+
+
+def check_targets(done: dict[str, dict]) -> dict[str, dict]:
+    """The goals AdLoCo is measured against (not assertions): each with the value, the bound and whether it holds."""
+    targets = {}
+    adloco = done.get("adloco")
+    if adloco is None:
+        return targets
+
+    def add(name, value, bound):
+        targets[name] = {"value": value, "bound": bound, "holds": None if value is None else value <= bound}
+
+    if "diloco" in done:
+        add("adloco ppl / diloco ppl at equal tokens", adloco["ppl_vs_diloco"], 1.0)
+        add("adloco bytes / diloco bytes", adloco["bytes_vs_diloco"], 0.7)
+    if "ddp" in done:
+        add("adloco ppl / ddp ppl at equal tokens", adloco["ppl_vs_ddp"], 1.05)
+        add("adloco bytes / ddp bytes", adloco["bytes_vs_ddp"], 0.02)
+    return targets
+
+
+COLUMNS = [
+    "method",
+    "tokens",
+    "ppl@equal",
+    "final ppl",
+    "ppl/ddp",
+    "ppl/diloco",
+    "comm rounds",
+    "bytes (model)",
+    "bytes/ddp",
+    "bytes/diloco",
+    "bytes (measured)",
+    "wall s",
+    "wall/ddp",
+    "final batch",
+]
+
+
+def table_rows(methods: dict[str, dict]) -> list[dict]:
+    rows = []
+    for name, m in methods.items():
+        if "error" in m:
+            rows.append({"method": name, "tokens": m["error"]})
+            continue
+        rows.append(
+            {
+                "method": name,
+                "tokens": f"{m['tokens']:,}",
+                "ppl@equal": m.get("ppl_at_equal_tokens"),
+                "final ppl": m["final_eval_ppl"],
+                "ppl/ddp": m.get("ppl_vs_ddp"),
+                "ppl/diloco": m.get("ppl_vs_diloco"),
+                "comm rounds": m["comm_rounds"],
+                "bytes (model)": human_bytes(m["comm_bytes"]),
+                "bytes/ddp": m.get("bytes_vs_ddp"),
+                "bytes/diloco": m.get("bytes_vs_diloco"),
+                "bytes (measured)": human_bytes(m.get("measured_bytes_sent")),
+                "wall s": m["wall_seconds"],
+                "wall/ddp": m.get("wall_vs_ddp"),
+                "final batch": m["batch_sizes"][-1][1] if m.get("batch_sizes") else None,
+            }
+        )
+    return rows
+
+
+def format_report(results: dict) -> str:
+    lines = [table(table_rows(results["methods"]), COLUMNS)]
+    equal = results.get("equal_tokens")
+    if equal is not None:
+        lines.append(
+            f"\nppl@equal: eval perplexity interpolated at {equal:,} tokens (the smallest final token count)."
+        )
+    for name, target in results.get("targets", {}).items():
+        value = "-" if target["value"] is None else f"{target['value']:.3f}"
+        verdict = {True: "holds", False: "MISSED", None: "n/a"}[target["holds"]]
+        lines.append(f"target {name} <= {target['bound']}: {value} ({verdict})")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_tokens, by_bytes) = plt.subplots(1, 2, figsize=(13, 5))
+    for name, m in results["methods"].items():
+        if "error" in m:
+            continue
+        style = {"linestyle": "--"} if name.startswith("adloco_") else {"linewidth": 2.2}
+        tokens, ppl = zip(*m["curve"])
+        by_tokens.plot(tokens, ppl, marker="o", markersize=3, label=name, **style)
+        comm, ppl_b = zip(*m["curve_bytes"])
+        by_bytes.plot(comm, ppl_b, marker="o", markersize=3, label=name, **style)
+    by_tokens.set_xlabel("training tokens (all workers)")
+    by_bytes.set_xlabel("bytes communicated (ring all-reduce model; log axis, linear below 1 MB so 0 shows)")
+    # Logarithmic above 1 MB; the linear stretch below keeps the points of rounds that sent nothing (0 bytes).
+    by_bytes.set_xscale("symlog", linthresh=1e6)
+    for ax in (by_tokens, by_bytes):
+        ax.set_ylabel("eval perplexity")
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    settings = results["settings"]
+    fig.suptitle(
+        f"{settings['preset']} on {settings['data']['corpus']}, {settings['world_size']} workers ({settings['device']}), "
+        f"budget {settings['budget_tokens']:,} tokens, H={settings['train']['inner_steps']}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="The smaller budget (< 12 minutes on 2 CPU cores).")
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    parser.add_argument("--output_dir", default="outputs/benchmarks/convergence")
+    parser.add_argument("--cache_dir", default="outputs/cache", help="Tokenizer and packed data cache.")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--preset", default=None, help="Model preset (default: tiny on CPU, microllama on CUDA).")
+    parser.add_argument("--fp16", action="store_true", help="Mixed precision (CUDA only).")
+    parser.add_argument("--budget_tokens", type=int, default=None, help="Training tokens per method.")
+    parser.add_argument("--batch_size", type=int, default=None, help="Initial per-worker batch (DDP: fixed).")
+    parser.add_argument("--learning_rate", type=float, default=None, help="Inner AdamW learning rate (all methods).")
+    parser.add_argument("--inner_steps", type=int, default=None, help="H, inner steps per round.")
+    parser.add_argument("--eval_every_rounds", type=int, default=None)
+    parser.add_argument("--warmup_steps", type=int, default=None)
+    parser.add_argument("--eta", type=float, default=None, help="η of the norm test.")
+    parser.add_argument("--max_batch_size", type=int, default=None)
+    parser.add_argument("--batch_size_cap", type=int, default=None)
+    parser.add_argument("--merge_every", type=int, default=None)
+    parser.add_argument("--outer_lr", type=float, default=None, help="Outer lr of the methods that use the default.")
+    parser.add_argument("--timeout", type=int, default=None, help="Seconds before one method's launch is killed.")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=JSON",
+        help="Override any shared setting, e.g. --set adloco.outer_momentum=0 --set train.adam_beta2=0.95.",
+    )
+    parser.add_argument("--reuse", action="store_true", help="Keep a method's result when its spec is unchanged.")
+    args = parser.parse_args(argv)
+    if args.fp16 and args.device != "cuda":
+        parser.error("--fp16 needs --device cuda")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    os.chdir(REPO)
+    start = time.perf_counter()
+    settings = shared_settings(args)
+    if settings["device"] == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA device is visible")
+    output_dir = os.path.abspath(args.output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    print("preparing data and the initial perplexity ...", flush=True)
+    initial_ppl = prepare(settings)
+    methods = {}
+    for name in args.methods:
+        methods[name] = run_method(name, settings, output_dir, args.reuse)
+        if "curve" in methods[name]:
+            for key in ("curve", "curve_bytes", "curve_best_instance"):
+                methods[name][key].insert(0, [0, initial_ppl])
+    results = {
+        "methods": methods,
+        "settings": settings,
+        "initial_eval_ppl": initial_ppl,
+        "profile": "quick" if args.quick else "full",
+    }
+    results.update(compare(methods))
+    results["total_seconds"] = time.perf_counter() - start
+    write_json(os.path.join(output_dir, "results.json"), results)
+    report = format_report(results)
+    with open(os.path.join(output_dir, "table.md"), "w", encoding="utf-8") as f:
+        f.write(report + "\n")
+    print(report)
+    if any("curve" in m for m in methods.values()):
+        print(f"wrote {plot(results, os.path.join(output_dir, 'convergence.png'))}")
+    print(f"wrote {os.path.join(output_dir, 'results.json')} ({results['total_seconds']:.0f}s in all)")
+    return results
+
+
+if __name__ == "__main__":
+    main()
