@@ -15,6 +15,8 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from adloco_hf.outer import ring_all_reduce_bytes  # one byte model for DDP and AdLoCo alike
+
 
 __all__ = [
     "free_port",
@@ -31,15 +33,6 @@ __all__ = [
 
 _PID = re.compile(r"pid=(\d+)")
 _BYTES_SENT = re.compile(r"\bbytes_sent:(\d+)")
-
-
-def ring_all_reduce_bytes(payload_bytes: int, num_workers: int) -> int:
-    """Bytes all workers together send in one ring all-reduce of `payload_bytes` each: 2 (M − 1) × payload.
-
-    The same model as `adloco_hf.outer.ring_all_reduce_bytes`, restated so that DDP's gradient all-reduce and
-    AdLoCo's pseudo-gradient all-reduce are counted alike.
-    """
-    return 2 * (num_workers - 1) * int(payload_bytes)
 
 
 def parse_ss_bytes_sent(text: str) -> dict[int, int]:

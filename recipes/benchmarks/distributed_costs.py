@@ -18,8 +18,6 @@ Prints tables and writes `distributed_costs.json` to `--output_dir`.
 import argparse
 import json
 import os
-import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,27 +25,8 @@ import tempfile
 import time
 
 
-def socket_bytes_sent(pid: int) -> int:
-    """Sum of `bytes_sent` over the TCP sockets of process `pid` (Linux `ss`)."""
-    output = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, check=True).stdout
-    return parse_ss_bytes_sent(output).get(pid, 0)
-
-
-def parse_ss_bytes_sent(output: str) -> dict[int, int]:
-    """{pid: bytes sent} from `ss -tinpH` output (a socket line with users:(...pid=N...), then its info line)."""
-    totals: dict[int, int] = {}
-    pids: list[int] = []
-    for line in output.splitlines():
-        owner = re.findall(r"pid=(\d+)", line)
-        if owner:
-            pids = [int(p) for p in owner]
-            continue
-        sent = re.search(r"bytes_sent:(\d+)", line)
-        if sent and pids:
-            for pid in set(pids):
-                totals[pid] = totals.get(pid, 0) + int(sent.group(1))
-            pids = []
-    return totals
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import free_port, socket_bytes_sent  # noqa: E402
 
 
 # ---------------------------------------------------------------- worker side
@@ -181,12 +160,6 @@ def worker(spec: dict) -> None:
 
 
 # ---------------------------------------------------------------- launcher side
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(spec: dict, workers: int, timeout: int = 600) -> list[dict]:
     probe = tempfile.mkdtemp(prefix="adloco-costs-")
     spec = {**spec, "world_size": workers, "probe_dir": probe}
