@@ -4,6 +4,7 @@ import datetime
 import hashlib
 import io
 import re
+import time
 from collections.abc import Sequence
 
 import torch
@@ -117,21 +118,67 @@ class WorkerTimeoutError(RuntimeError):
 
 
 class WorkerMonitor:
-    """A gloo group over the world for `monitored_barrier`, which names the ranks that failed to arrive."""
+    """A deadline barrier over the world that names the workers that did not arrive.
+
+    `monitored_barrier` (gloo) names missing ranks when they hang, but when a worker has exited its socket closes and
+    gloo only reports "Connection closed by peer" with an address. So every worker also records, in the job's
+    key-value store, how many checks it has reached; on failure rank 0 reads those counters until the deadline and
+    names the ranks that are behind. Costs one store write per check (one per round).
+    """
 
     def __init__(self, timeout: float):
         self.timeout = datetime.timedelta(seconds=timeout)
         self.group = dist.new_group(backend="gloo", timeout=self.timeout) if is_distributed() else None
+        self._count = 0
+        self._store = None
+        if self.group is not None:
+            try:  # the default store (torchrun's / accelerate's rendezvous); private but stable since torch 1.x
+                self._store = dist.distributed_c10d._get_default_store()
+            except Exception:  # pragma: no cover - only without a default store; the gloo message is used then
+                self._store = None
+
+    def _key(self, rank: int) -> str:
+        return f"adloco/worker_monitor/{rank}"
+
+    def _checked_in(self) -> None:
+        if self._store is not None:
+            self._store.set(self._key(dist.get_rank()), str(self._count))
+
+    def _ranks_behind(self, deadline: float) -> list[int] | None:
+        """Ranks that have not reached this check by `deadline` (None when the store cannot tell)."""
+        if self._store is None or dist.get_rank() != 0:
+            return None
+        try:
+            while True:
+                behind = [
+                    rank
+                    for rank in range(dist.get_world_size())
+                    if not self._store.check([self._key(rank)]) or int(self._store.get(self._key(rank))) < self._count
+                ]
+                if not behind or time.monotonic() >= deadline:
+                    return behind or None
+                time.sleep(0.1)
+        except Exception:
+            return None
 
     def check(self, where: str, hint: str = "") -> None:
         """Barrier with a deadline; raises `WorkerTimeoutError` naming the missing ranks and `where`."""
         if self.group is None or dist.get_world_size() == 1:
             return
+        self._count += 1
+        started = time.monotonic()
+        self._checked_in()
         try:
             dist.monitored_barrier(group=self.group, timeout=self.timeout, wait_all_ranks=True)
         except RuntimeError as error:
             found = re.search(r"Ranks? ([\d, ]+) failed", str(error))
-            who = f"worker rank(s) {found.group(1).strip()}" if found else "another worker (rank 0's log names it)"
+            behind = None if found else self._ranks_behind(started + self.timeout.total_seconds())
+            if found:
+                who = f"worker rank(s) {found.group(1).strip()}"
+            elif behind:
+                who = f"worker rank(s) {', '.join(map(str, behind))}"
+            else:
+                who = "another worker (rank 0's log names it)"
             raise WorkerTimeoutError(
                 f"AdLoCo, {where}: {who} did not arrive within {self.timeout.total_seconds():g} s (dead or hung), "
                 f"so this worker (rank {dist.get_rank()}) stops. {hint}"

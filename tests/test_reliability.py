@@ -146,3 +146,42 @@ def test_more_instances_than_workers_is_refused(tmp_path):
     output = run_spec(spec_for(out, str(tmp_path / "p"), config=config), expect_failure=True)
     assert "num_instances=3 exceeds the 2 worker(s)" in output
     assert not os.path.exists(os.path.join(out, "adloco_rounds.jsonl"))
+
+
+def _monitor_worker(rank: int, port: int, tmp: str, timeout: float) -> None:
+    import torch.distributed as dist
+
+    from adloco_hf.distributed import WorkerMonitor, WorkerTimeoutError
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    monitor = WorkerMonitor(timeout)
+    monitor.check("round 1")
+    if rank == 1:
+        os._exit(0)  # gone for good: its sockets close, so gloo reports a closed connection rather than a timeout
+    time.sleep(1.0)
+    started = time.monotonic()
+    try:
+        monitor.check("round 2")
+        message, cause = "no error", None
+    except WorkerTimeoutError as error:
+        message, cause = str(error), repr(error.__cause__)
+    with open(os.path.join(tmp, "result.json"), "w") as f:
+        json.dump({"message": message, "cause": cause, "seconds": time.monotonic() - started}, f)
+    os._exit(0)
+
+
+def test_a_worker_that_has_already_exited_is_named_even_when_gloo_only_sees_a_closed_socket(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_monitor_worker, args=(port, str(tmp_path), 3.0), nprocs=2)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert "Connection closed" in result["cause"]  # the path this test is about: no rank in gloo's message
+    assert "round 2: worker rank(s) 1 did not arrive within 3 s" in result["message"], result
+    assert "this worker (rank 0) stops" in result["message"]
+    assert result["seconds"] < 3.0 + 2.0  # bounded by the configured timeout
