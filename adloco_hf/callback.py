@@ -32,6 +32,7 @@ from .distributed import (
     WorkerMonitor,
     all_gather_rows,
     broadcast_tensors,
+    destroy_process_groups_at_exit,
     get_rank,
     get_world_size,
     tensors_fingerprint,
@@ -145,6 +146,7 @@ class AdLoCoCallback(TrainerCallback):
     # ---- start ----
     def on_train_begin(self, args, state, control, **kwargs):
         model = self.trainer.model
+        destroy_process_groups_at_exit()
         self.monitor = WorkerMonitor(self.args.worker_timeout)
         self.monitor.check("start of training")
         if self.rank == 0:

@@ -1,5 +1,6 @@
 """Thin, typed wrappers around `torch.distributed` used by the orchestration (all work without a process group)."""
 
+import atexit
 import datetime
 import hashlib
 import io
@@ -19,6 +20,7 @@ __all__ = [
     "barrier",
     "broadcast_tensors",
     "comm_device",
+    "destroy_process_groups_at_exit",
     "get_rank",
     "get_world_size",
     "is_distributed",
@@ -45,6 +47,32 @@ def get_rank() -> int:
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
+
+
+_EXIT_HOOK_REGISTERED = False
+
+
+def _destroy_process_groups() -> None:
+    if is_distributed():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the process is ending; nothing left to protect
+            pass
+
+
+def destroy_process_groups_at_exit() -> None:
+    """Destroy every process group when the interpreter exits, if the script did not (`trainer.end()` does).
+
+    A gloo group still alive at interpreter finalization can abort the process ("terminate called without an active
+    exception", SIGABRT): its C++ threads release work objects that hold Python tensors after Python is gone. Measured
+    here: 1 in 5 two-worker runs aborted after training had finished, none once the groups were destroyed while the
+    interpreter was still alive. Destroying a group is local (no message to the other workers), so this is safe
+    whatever they are doing. Registered once per process.
+    """
+    global _EXIT_HOOK_REGISTERED
+    if not _EXIT_HOOK_REGISTERED:
+        atexit.register(_destroy_process_groups)
+        _EXIT_HOOK_REGISTERED = True
 
 
 def comm_device(default: torch.device) -> torch.device:

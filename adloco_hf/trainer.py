@@ -419,7 +419,8 @@ class AdLoCoTrainer(Trainer):
         """Wait for every worker, then finish the trackers and destroy the process groups (call it last).
 
         A worker that leaves with a live gloo group while another still uses its own can abort ("terminate called
-        without an active exception"), so the workers leave together.
+        without an active exception"), so the workers leave together. A script that never calls it still has its
+        process groups destroyed at interpreter exit (`destroy_process_groups_at_exit`).
         """
         barrier()
         super().end()

@@ -5,6 +5,7 @@ SPEC_JSON holds `output_dir`, `world_size` (asserted inside every worker), `conf
 Assertions that need several ranks' tensors run here, inside the workers; the test reads the probe files.
 """
 
+import atexit
 import json
 import os
 import sys
@@ -169,6 +170,12 @@ class FakeHubApi:
         return "commit"
 
 
+def record_exit_state(path: str) -> None:
+    """Registered before training, so it runs after the library's own exit hook (atexit is last in, first out)."""
+    with open(path, "w") as f:
+        json.dump({"process_group_alive": dist.is_initialized()}, f)
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     if spec.get("fake_hub"):
@@ -186,6 +193,7 @@ def main() -> None:
     os.makedirs(probe_dir, exist_ok=True)
     os.makedirs(os.path.join(probe_dir, "merges"), exist_ok=True)
     spy_on_merges(os.path.join(probe_dir, "merges"), rank)
+    atexit.register(record_exit_state, os.path.join(probe_dir, f"exit-rank{rank}.json"))
     data = sequence_dataset(spec.get("num_samples", 512))
     eval_data = data.select(range(spec.get("num_eval", 48))) if spec.get("eval") else None
     model = tiny_model(hidden_size=48) if spec.get("mismatch_rank") == rank else tiny_model()
