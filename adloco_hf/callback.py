@@ -39,6 +39,7 @@ from .distributed import (
 )
 from .grad_stats import GradientStatisticsCollector
 from .instances import Instance, initial_instances, instance_of, merge_is_due, plan_merge, plan_transfers
+from .lr_scaling import apply_lr_factor, check_scheduler, lr_factor
 from .max_batch import find_max_batch_size
 from .outer import DTYPES, GlobalModel, ring_all_reduce_bytes
 from .run_log import RunLog
@@ -95,6 +96,8 @@ class AdLoCoCallback(TrainerCallback):
         self.collector: GradientStatisticsCollector | None = None
         self.max_batch_size: int | None = None
         self.plan: BatchPlan | None = None
+        self.lr_factor = 1.0
+        self._base_lrs: list[float] | None = None  # the scheduler's, before lr_batch_scaling
         self.run_log = RunLog(self.args.output_dir)
         self.outer_step = 0
         self.last_synced_step = 0
@@ -157,6 +160,9 @@ class AdLoCoCallback(TrainerCallback):
         )
         outer_device = torch.device("cpu") if self.args.outer_state_device == "cpu" else self.args.device
         resume = self._resume_state
+        if self.args.lr_batch_scaling != "none":
+            check_scheduler(self.trainer.lr_scheduler)
+        self._base_lrs = list(getattr(self.trainer.lr_scheduler, "base_lrs", []))
         if resume is None:
             self.instances = initial_instances(
                 self.world_size, self.args.num_instances, self.args.per_device_train_batch_size
@@ -260,8 +266,15 @@ class AdLoCoCallback(TrainerCallback):
         return shard if cap is None else min(cap, shard)
 
     def _apply_plan(self) -> None:
+        """The batch of this worker's next round: to the sampler, and to the learning rate if it follows the batch."""
         self.plan = plan_batch(self.instance.batch_size, self.max_batch_size, self.args.switch_threshold)
         self.trainer.train_sampler.batch_size = self.plan.batch_size
+        if self.args.lr_batch_scaling != "none":
+            self.lr_factor = self._lr_factor(self.plan)
+            apply_lr_factor(self.trainer.optimizer, self.trainer.lr_scheduler, self._base_lrs, self.lr_factor)
+
+    def _lr_factor(self, plan: BatchPlan) -> float:
+        return lr_factor(self.args.lr_batch_scaling, plan.batch_size, self.args.per_device_train_batch_size)
 
     def _log_start(self) -> None:
         if self.rank != 0:
@@ -377,6 +390,7 @@ class AdLoCoCallback(TrainerCallback):
                 "next_batch_size": new_batch,
                 "micro_batch_size": plan.micro_batch_size,
                 "accumulation_steps": plan.accumulation_steps,
+                "lr_factor": self._lr_factor(plan),
                 "samples": int(sum(m["samples"] for m in members)),
                 "tokens": int(sum(m["tokens"] for m in members)),
                 "train_loss": sum(m["loss_sum"] for m in members) / steps if steps else math.nan,
@@ -535,6 +549,7 @@ class AdLoCoCallback(TrainerCallback):
             "last_synced_step": self.last_synced_step,
             "instances": [[i.id, i.batch_size, i.demand, list(i.workers)] for i in self.instances],
             "max_batch_size": self.max_batch_size,
+            "base_lrs": self._base_lrs,
             "global_model": self.global_model.state_dict(),
             "inner_optimizer": self.trainer.optimizer.state_dict(),
             "sampler": self.trainer.train_sampler.state_dict(),
@@ -556,6 +571,8 @@ class AdLoCoCallback(TrainerCallback):
         self.outer_step = int(state["outer_step"])
         self.last_synced_step = int(state["last_synced_step"])
         self.max_batch_size = int(state["max_batch_size"])
+        # The scheduler was loaded from rank 0's files, scaled for rank 0's batch: start again from the unscaled rates.
+        self._base_lrs = list(state.get("base_lrs") or self._base_lrs)
         self.totals = dict(state["totals"])
         self._train_start = time.time()
         self.global_model.load_state_dict(state["global_model"])

@@ -6,6 +6,7 @@ from transformers import TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from .batch_size import BATCH_SIZE_TESTS
+from .lr_scaling import LR_SCALING_RULES
 
 
 __all__ = ["AdLoCoConfig"]
@@ -82,6 +83,12 @@ class AdLoCoConfig(TrainingArguments):
         switch_threshold (`float`, *optional*, defaults to `2.0`):
             γ ≥ 1 of switch mode: gradient accumulation starts once the request exceeds γ × `max_batch_size`;
             between `max_batch_size` and that, the request is capped at `max_batch_size`.
+        lr_batch_scaling (`str`, *optional*, defaults to `"none"`):
+            How the inner learning rate follows the batch a worker really uses, relative to
+            `per_device_train_batch_size`: `"none"` (the paper), `"sqrt"` (× √(b / b₀), the rule for AdamW: a
+            batch that grew then buys as much progress per token as before, in fewer steps and rounds) or
+            `"linear"` (× b / b₀, the rule for SGD). Needs a `LambdaLR` schedule (every `lr_scheduler_type` but
+            `"reduce_lr_on_plateau"` and `"greedy"`).
         memory_fraction (`float`, *optional*, defaults to `0.9`):
             Share of free accelerator memory that `max_batch_size="auto"` may plan for (divided among the workers
             that share a GPU).
@@ -138,6 +145,13 @@ class AdLoCoConfig(TrainingArguments):
     )
     batch_size_cap: int | None = field(default=None, metadata={"help": "Upper bound on the per-worker request."})
     switch_threshold: float = field(default=2.0, metadata={"help": "γ of switch mode (≥ 1)."})
+    lr_batch_scaling: str = field(
+        default="none",
+        metadata={
+            "help": "How the inner learning rate follows the batch size: none, sqrt (for AdamW) or linear.",
+            "choices": list(LR_SCALING_RULES),
+        },
+    )
     memory_fraction: float = field(
         default=0.9, metadata={"help": "Share of free GPU memory that max_batch_size='auto' plans for."}
     )
@@ -176,6 +190,7 @@ class AdLoCoConfig(TrainingArguments):
             "batch_size_test": BATCH_SIZE_TESTS,
             "pseudo_grad_dtype": PSEUDO_GRAD_DTYPES,
             "outer_state_device": OUTER_STATE_DEVICES,
+            "lr_batch_scaling": LR_SCALING_RULES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -281,6 +296,7 @@ class AdLoCoConfig(TrainingArguments):
             "max_batch_size",
             "batch_size_cap",
             "switch_threshold",
+            "lr_batch_scaling",
             "per_device_train_batch_size",
             "learning_rate",
             "max_steps",

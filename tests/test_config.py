@@ -36,6 +36,7 @@ def test_defaults_are_valid_and_decouple_the_workers(tmp_path):
         (dict(batch_size_test="variance"), "batch_size_test"),
         (dict(pseudo_grad_dtype="int8"), "pseudo_grad_dtype"),
         (dict(outer_state_device="disk"), "outer_state_device"),
+        (dict(lr_batch_scaling="cubic"), "lr_batch_scaling"),
         (dict(outer_lr=0.0), "outer_lr"),
         (dict(outer_momentum=1.0), "outer_momentum"),
         (dict(num_instances=0), "num_instances"),

@@ -17,10 +17,11 @@ pytestmark = pytest.mark.multiprocess
 
 WORKER = os.path.join(SCRIPTS, "adloco_worker.py")
 
-# 2 workers, 2 instances merging at round 4 (after the checkpoint at round 2), norm-test batches that grow.
+# 2 workers, 2 instances merging at round 4 (after the checkpoint at round 2), norm-test batches that grow, and a
+# learning rate that follows each worker's batch (so the workers' schedules differ when the checkpoint is taken).
 RESUME_CONFIG = dict(
     max_steps=30, inner_steps=5, save_steps=10, num_instances=2, merge_every=4, per_device_train_batch_size=2,
-    max_batch_size=4, eta=0.5, seed=3, optim="adamw_torch", learning_rate=3e-3,
+    max_batch_size=4, eta=0.5, seed=3, optim="adamw_torch", learning_rate=3e-3, lr_batch_scaling="sqrt",
 )  # fmt: skip
 
 

@@ -199,7 +199,7 @@ def test_bf16_on_cpu_runs_and_learns(tmp_path):
     result = trainer.train()
     lines = [json.loads(line) for line in open(os.path.join(args.output_dir, "adloco_rounds.jsonl"))]
     assert lines[-1]["train_loss"] < lines[0]["train_loss"] - 0.3
-    assert result.training_loss == pytest.approx(result.training_loss)  # finite
+    assert math.isfinite(result.training_loss)
     assert trainer.accelerator.mixed_precision == "bf16"
 
 

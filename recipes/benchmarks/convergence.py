@@ -105,6 +105,7 @@ CPU_BASE = {
         "switch_threshold": 2.0,
         "batch_size_cap": 64,
         "pseudo_grad_dtype": "bfloat16",
+        "lr_batch_scaling": "none",
     },
     "timeout": 1200,
 }
