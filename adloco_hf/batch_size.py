@@ -10,6 +10,13 @@ The estimators below are unbiased for any group sizes; per-sample gradients are 
 - V̂_orth = Σ_j n_j (‖g_j‖² − ⟨g_j, g⟩² / ‖g‖²) / (m − 1)
 
 Each test gives the total batch T an instance needs; the per-worker request for M workers is ⌈T / M⌉.
+
+Over an instance's M workers the numerators and degrees of freedom add up. The tests' ‖g‖² is that of the
+instance's whole batch B = Σ_w b_w, estimated without sending any gradient: a worker's ‖g_w‖² overestimates
+‖∇F‖² by tr Σ / b_w, so ‖∇F‖² ≈ mean_w (‖g_w‖² − tr Σ̂ / b_w) (clamped at 0) and ‖g‖² ≈ that + tr Σ̂ / B, which is
+E‖g_B‖² for the instance's batch. The plain mean of the workers' ‖g_w‖² would carry the bias of one worker's
+batch, tr Σ / b, instead of tr Σ / B: the norm test's T would stay below b / η², and with η = 0.8 an instance of two
+or more workers could never grow its per-worker request.
 """
 
 import math
@@ -158,7 +165,8 @@ class GradientStatistics:
 
     @property
     def is_valid(self) -> bool:
-        return self.dof > 0 and math.isfinite(self.variance_sum) and math.isfinite(self.grad_sq_norm)
+        finite = math.isfinite(self.variance_sum) and math.isfinite(self.grad_sq_norm)
+        return self.dof > 0 and self.samples > 0 and finite
 
 
 def group_statistics(
@@ -181,32 +189,51 @@ def group_statistics(
 
 @dataclass(frozen=True)
 class PooledStatistics:
-    """Statistics pooled over the workers of one instance."""
+    """Statistics pooled over the workers of one instance.
+
+    Attributes:
+        variance, ip_variance, orth_variance: tr Σ̂, V̂_ip and V̂_orth, per sample.
+        grad_sq_norm: ‖g‖² of the instance's whole batch (estimated, see `pool_statistics`): what the tests divide by.
+        true_grad_sq_norm: the estimate of ‖∇F‖² it is built from (≥ 0).
+        samples: B, the samples of the instance's statistics step (all its workers).
+        dof: degrees of freedom of the estimators.
+        workers: workers that contributed.
+    """
 
     variance: float
     ip_variance: float
     orth_variance: float
     grad_sq_norm: float
+    true_grad_sq_norm: float
+    samples: float
     dof: float
     workers: int
 
 
 def pool_statistics(stats: Sequence[GradientStatistics]) -> PooledStatistics:
-    """Pool workers' statistics: numerators and degrees of freedom add up; ‖g‖² is the mean of the workers' ‖g_w‖².
+    """Pool workers' statistics into the instance's (see the module docstring), with no gradient exchanged.
 
-    Workers that measured nothing (dof 0, e.g. fp16 overflow on the statistics step) are left out. Using the mean of
-    ‖g_w‖² rather than ‖mean_w g_w‖² avoids an all-reduce of full gradients; it overestimates ‖∇F‖² by tr Σ / b,
-    which errs towards smaller batches.
+    Numerators and degrees of freedom add up. ‖∇F‖² is estimated as mean_w (‖g_w‖² − tr Σ̂ / b_w), unbiased and
+    clamped at 0 (a noise-dominated step can make it negative), and the instance's ‖g‖² as that plus tr Σ̂ / B.
+    With one worker this is its own ‖g_w‖² unless the estimate of ‖∇F‖² is negative; the clamp then bounds the
+    norm test's request to b / η², a growth of at most 1 / η² per round. Workers that measured nothing (dof 0, e.g.
+    fp16 overflow on the statistics step) are left out.
     """
     valid = [s for s in stats if s.is_valid]
     if not valid:
-        return PooledStatistics(math.nan, math.nan, math.nan, math.nan, 0.0, 0)
+        return PooledStatistics(math.nan, math.nan, math.nan, math.nan, math.nan, 0.0, 0.0, 0)
     dof = sum(s.dof for s in valid)
+    variance = sum(s.variance_sum for s in valid) / dof
+    noise = max(variance, 0.0)  # round-off can make tr Σ̂ slightly negative when the noise is tiny
+    samples = sum(s.samples for s in valid)
+    true_sq = max(sum(s.grad_sq_norm - noise / s.samples for s in valid) / len(valid), 0.0)
     return PooledStatistics(
-        variance=sum(s.variance_sum for s in valid) / dof,
+        variance=variance,
         ip_variance=sum(s.inner_product_sum for s in valid) / dof,
         orth_variance=sum(s.orthogonal_sum for s in valid) / dof,
-        grad_sq_norm=sum(s.grad_sq_norm for s in valid) / len(valid),
+        grad_sq_norm=true_sq + noise / samples,
+        true_grad_sq_norm=true_sq,
+        samples=samples,
         dof=dof,
         workers=len(valid),
     )

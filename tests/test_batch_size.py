@@ -128,27 +128,71 @@ def test_inner_product_tests():
     assert augmented_inner_product_test(8.0, math.nan, 2.0, 0.5, 0.5) == 8
 
 
-def test_pooling_adds_numerators_and_dofs_and_averages_the_gradient_norms():
+def test_pooling_adds_numerators_and_dofs_and_estimates_the_instance_batch_gradient():
     a = GradientStatistics(6.0, 1.0, 2.0, 1.0, 2.0, 8)
-    b = GradientStatistics(9.0, 3.0, 4.0, 2.0, 4.0, 8)
+    b = GradientStatistics(9.0, 3.0, 4.0, 2.0, 4.0, 4)
     pooled = pool_statistics([a, b, GradientStatistics.missing()])
     assert pooled.variance == pytest.approx(15 / 3)
     assert pooled.ip_variance == pytest.approx(4 / 3)
     assert pooled.orth_variance == pytest.approx(6 / 3)
-    assert pooled.grad_sq_norm == pytest.approx(3.0)
-    assert (pooled.dof, pooled.workers) == (3.0, 2)
+    # ‖∇F‖² ≈ mean of (‖g_w‖² − tr Σ̂ / b_w); the instance's batch of 12 adds tr Σ̂ / 12 back.
+    true = ((2.0 - 5 / 8) + (4.0 - 5 / 4)) / 2
+    assert pooled.true_grad_sq_norm == pytest.approx(true)
+    assert pooled.grad_sq_norm == pytest.approx(true + 5 / 12)
+    assert (pooled.dof, pooled.workers, pooled.samples) == (3.0, 2, 12.0)
     assert pool_statistics([GradientStatistics.missing()]).workers == 0
 
 
+def test_one_worker_keeps_its_own_gradient_norm_unless_noise_dominates():
+    alone = pool_statistics([GradientStatistics(6.0, 0.0, 0.0, 1.0, 2.0, 8)])  # tr Σ̂ 6, ‖g‖² 2 > 6 / 8
+    assert alone.grad_sq_norm == pytest.approx(2.0)
+    noisy = pool_statistics([GradientStatistics(40.0, 0.0, 0.0, 1.0, 1.0, 8)])  # ‖g‖² 1 < tr Σ̂ / b = 5
+    assert noisy.true_grad_sq_norm == 0.0 and noisy.grad_sq_norm == pytest.approx(5.0)
+    # The request then grows by 1 / η² at most: b / η² = 8 / 0.8² = 12.5.
+    assert norm_test(noisy.variance, noisy.grad_sq_norm, 0.8) == 13
+
+
+def test_pooled_gradient_norm_is_unbiased_for_the_instance_batch():
+    """Monte Carlo over per-sample gradients g_i = μ + noise: the pooled ‖g‖² averages to E‖g_B‖² = ‖μ‖² + tr Σ / B."""
+    generator = torch.Generator().manual_seed(0)
+    dim, workers, per_worker, trials = 6, 4, 8, 4000
+    mu = torch.full((dim,), 0.5, dtype=torch.float64)
+    scale = 1.5  # per-coordinate noise: tr Σ = dim × scale²
+    values = []
+    for _ in range(trials):
+        stats = []
+        for _ in range(workers):
+            g = mu + scale * torch.randn(per_worker, dim, generator=generator, dtype=torch.float64)
+            halves = group_means(g, [per_worker // 2, per_worker // 2])
+            stats.append(group_statistics([sq(h) for h in halves], [4, 4], sq(g.mean(0))))
+        values.append(pool_statistics(stats).grad_sq_norm)
+    expected = sq(mu) + dim * scale**2 / (workers * per_worker)
+    assert sum(values) / trials == pytest.approx(expected, rel=0.03)
+    # The plain mean of the workers' ‖g_w‖² would have carried one worker's noise, tr Σ / b_w, four times more.
+    assert dim * scale**2 / per_worker > 2 * (expected - sq(mu))
+
+
+def test_an_instance_of_several_workers_can_grow_with_the_papers_eta():
+    # Four workers, 8 samples each, noise-dominated gradients: the instance needs more than 4 × 8 samples.
+    stats = [GradientStatistics(variance_sum=64.0, inner_product_sum=0.0, orthogonal_sum=0.0, dof=1.0,
+                                grad_sq_norm=8.1, samples=8.0) for _ in range(4)]  # fmt: skip
+    pooled = pool_statistics(stats)
+    wanted = next_batch_size("norm", pooled, current=8, num_workers=4, eta=0.8, theta=0.3, nu=0.3)
+    assert wanted > 8
+    # With ‖g‖² taken as the mean of the workers' ‖g_w‖² (8.1), T = 64 / (0.64 × 8.1) ≈ 12 < 32: no growth.
+    assert norm_test(64.0, 8.1, 0.8, num_workers=4) < 8
+
+
 def test_next_batch_size_never_shrinks_respects_the_cap_and_the_test_choice():
-    pooled = pool_statistics([GradientStatistics(40.0, 80.0, 10.0, 2.0, 1.0, 8)])  # var 20, ‖g‖² 1
+    pooled = pool_statistics([GradientStatistics(40.0, 80.0, 10.0, 2.0, 1.0, 8)])  # var 20, ‖g‖² 1 → 20 / 8
+    assert pooled.grad_sq_norm == pytest.approx(2.5)
     kwargs = dict(num_workers=2, eta=1.0, theta=1.0, nu=1.0)
-    assert next_batch_size("norm", pooled, current=4, **kwargs) == 10  # ⌈20 / 2⌉
+    assert next_batch_size("norm", pooled, current=2, **kwargs) == 4  # ⌈20 / 2.5 / 2⌉
     assert next_batch_size("norm", pooled, current=16, **kwargs) == 16  # never shrinks
-    assert next_batch_size("norm", pooled, current=4, cap=7, **kwargs) == 7
-    assert next_batch_size("none", pooled, current=4, **kwargs) == 4
-    assert next_batch_size("inner_product", pooled, current=4, **kwargs) == 20  # ⌈40 / 2⌉
-    assert next_batch_size("augmented_inner_product", pooled, current=4, **kwargs) == 20
+    assert next_batch_size("norm", pooled, current=2, cap=3, **kwargs) == 3
+    assert next_batch_size("none", pooled, current=2, **kwargs) == 2
+    assert next_batch_size("inner_product", pooled, current=2, **kwargs) == 4  # ⌈40 / 2.5² / 2⌉
+    assert next_batch_size("augmented_inner_product", pooled, current=2, **kwargs) == 4  # ⌈max(6.4, 5 / 2.5) / 2⌉
     missing = pool_statistics([GradientStatistics.missing()])
     assert next_batch_size("norm", missing, current=4, **kwargs) == 4
     with pytest.raises(ValueError, match="batch_size_test"):
