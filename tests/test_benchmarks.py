@@ -207,10 +207,13 @@ def test_method_specs_share_everything_but_their_own_settings(tmp_path):
         ("adloco_no_adaptive", {"batch_size_test"}),
         ("adloco_no_merge", {"merge_every"}),
         ("adloco_no_switch", {"switch_threshold"}),
-        ("adloco_paper_outer", {"outer_lr", "outer_momentum", "outer_nesterov"}),
+        ("adloco_paper_outer", {"outer_momentum", "outer_nesterov"}),  # the shared outer lr is already 0.5
+        ("adloco_sqrt_lr", {"lr_batch_scaling"}),
     ]:
         diff = {k for k in specs["adloco"]["adloco"] if specs[name]["adloco"][k] != specs["adloco"]["adloco"][k]}
         assert diff == changed, name
+    assert specs["adloco_sqrt_lr"]["adloco"]["lr_batch_scaling"] == "sqrt"
+    assert specs["adloco"]["adloco"]["lr_batch_scaling"] == "none"  # the paper's AdLoCo
     with pytest.raises(SystemExit):
         convergence.shared_settings(convergence.parse_args(["--set", "adloco.no_such_key=1"]))
 
