@@ -298,11 +298,7 @@ class AdLoCoCallback(TrainerCallback):
     def end_round(self) -> None:
         """Outer step, decisions from the all-gathered numbers, merge if due, logs (all ranks, same order)."""
         state = self.trainer.state
-        last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
-        self.monitor.check(
-            f"round {self.outer_step + 1} (step {state.global_step})",
-            f"The last checkpoint ({last or 'none yet'}) is intact: resume with train(resume_from_checkpoint=True).",
-        )
+        self.monitor.check(f"round {self.outer_step + 1} (step {state.global_step})", self._resume_hint)
         self.outer_step += 1
         inst = self.instance
         result = self.global_model.outer_step(
@@ -356,6 +352,15 @@ class AdLoCoCallback(TrainerCallback):
             self.run_log.write_rounds(ordered)
             self._log_round(ordered, merge_info)
         self._report(ordered)
+
+    def _resume_hint(self) -> str:
+        """What to do after a lost worker: named only when it happens (it lists the output folder)."""
+        last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+        if last is None:
+            return (
+                "No checkpoint has been saved yet; set save_steps to a multiple of inner_steps to be able to resume."
+            )
+        return f"The last checkpoint ({last}) is intact: resume with train(resume_from_checkpoint=True)."
 
     def _decide(self, rows: list[dict], state) -> tuple[dict[int, dict], list[Instance]]:
         """The next request of every instance and its round line, from the gathered rows (same on all ranks)."""

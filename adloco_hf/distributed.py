@@ -6,7 +6,7 @@ import hashlib
 import io
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -189,8 +189,11 @@ class WorkerMonitor:
         except Exception:
             return None
 
-    def check(self, where: str, hint: str = "") -> None:
-        """Barrier with a deadline; raises `WorkerTimeoutError` naming the missing ranks and `where`."""
+    def check(self, where: str, hint: str | Callable[[], str] = "") -> None:
+        """Barrier with a deadline; raises `WorkerTimeoutError` naming the missing ranks and `where`.
+
+        `hint` (or what it returns, called only on failure) ends the message: what the user can do next.
+        """
         if self.group is None or dist.get_world_size() == 1:
             return
         self._count += 1
@@ -209,7 +212,7 @@ class WorkerMonitor:
                 who = "another worker (rank 0's log names it)"
             raise WorkerTimeoutError(
                 f"AdLoCo, {where}: {who} did not arrive within {self.timeout.total_seconds():g} s (dead or hung), "
-                f"so this worker (rank {dist.get_rank()}) stops. {hint}"
+                f"so this worker (rank {dist.get_rank()}) stops. {hint() if callable(hint) else hint}"
             ) from error
 
 

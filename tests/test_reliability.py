@@ -163,7 +163,7 @@ def _monitor_worker(rank: int, port: int, tmp: str, timeout: float) -> None:
     time.sleep(1.0)
     started = time.monotonic()
     try:
-        monitor.check("round 2")
+        monitor.check("round 2", lambda: "(hint computed on failure)")
         message, cause = "no error", None
     except WorkerTimeoutError as error:
         message, cause = str(error), repr(error.__cause__)
@@ -184,5 +184,14 @@ def test_a_worker_that_has_already_exited_is_named_even_when_gloo_only_sees_a_cl
     result = json.loads((tmp_path / "result.json").read_text())
     assert "Connection closed" in result["cause"]  # the path this test is about: no rank in gloo's message
     assert "round 2: worker rank(s) 1 did not arrive within 3 s" in result["message"], result
-    assert "this worker (rank 0) stops" in result["message"]
+    assert "this worker (rank 0) stops. (hint computed on failure)" in result["message"]
     assert result["seconds"] < 3.0 + 2.0  # bounded by the configured timeout
+
+
+def test_the_lost_worker_message_says_whether_there_is_a_checkpoint_to_resume(tmp_path):
+    out = tmp_path / "out"
+    args = AdLoCoConfig(output_dir=str(out), use_cpu=True, report_to=[], **{**RESUME_CONFIG, "num_instances": 1})
+    trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(64))
+    assert trainer.adloco._resume_hint().startswith("No checkpoint has been saved yet")
+    (out / "checkpoint-10").mkdir(parents=True)
+    assert f"The last checkpoint ({out / 'checkpoint-10'}) is intact" in trainer.adloco._resume_hint()
