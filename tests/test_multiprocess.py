@@ -77,10 +77,13 @@ def test_four_instances_merge_down_to_one(tmp_path):
         dict(
             max_steps=40, inner_steps=10, num_instances=4, merge_every=1, per_device_train_batch_size=2,
             max_batch_size=4, eta=0.5, save_strategy="no", push_to_hub=True, hub_model_id="org/adloco-tiny",
+            lr_batch_scaling="sqrt",
         ),
         fake_hub=True,
     )  # fmt: skip
     assert all(r["world_size"] == 4 for r in reports)
+    # Each worker's learning rate followed its batch through the merges (checked inside the workers every round).
+    assert any(f > 1.0 for r in reports for f in r["lr_factors"])
     per_round = {}
     for line in rounds:
         per_round.setdefault(line["outer_step"], set()).add(line["num_instances"])

@@ -23,6 +23,7 @@ from helpers import flat_params, sequence_dataset, tiny_model  # noqa: E402
 import adloco_hf.merging as merging  # noqa: E402
 import adloco_hf.trainer as trainer_module  # noqa: E402
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
+from adloco_hf.lr_scaling import lr_factor  # noqa: E402
 from adloco_hf.switch_mode import plan_batch  # noqa: E402
 
 
@@ -61,7 +62,7 @@ class AfterSync(TrainerCallback):
 
     def __init__(self, trainer, before, spec):
         self.trainer, self.before, self.spec = trainer, before, spec
-        self.rounds, self.max_mean_error, self.sampler_sizes = 0, 0.0, []
+        self.rounds, self.max_mean_error, self.sampler_sizes, self.lr_factors = 0, 0.0, [], []
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % args.inner_steps != 0:
@@ -85,6 +86,13 @@ class AfterSync(TrainerCallback):
         expected = plan_batch(engine.instance.batch_size, engine.max_batch_size, args.switch_threshold).batch_size
         assert self.trainer.train_sampler.batch_size == expected
         self.sampler_sizes.append(expected)
+        # The next step's learning rate is the schedule's, times the factor of the batch this worker will draw (also
+        # right after a merge handed this worker another worker's optimizer state).
+        scheduler = self.trainer.lr_scheduler
+        factor = lr_factor(args.lr_batch_scaling, expected, args.per_device_train_batch_size)
+        lr = args.learning_rate * scheduler.lr_lambdas[0](scheduler.last_epoch) * factor
+        assert abs(self.trainer.optimizer.param_groups[0]["lr"] - lr) <= 1e-12 + 1e-6 * lr, (state.global_step, lr)
+        self.lr_factors.append(factor)
 
 
 class EvalProbe(TrainerCallback):
@@ -241,6 +249,7 @@ def main() -> None:
         "max_mean_error": after.max_mean_error,
         "min_spread_inside_round": before.min_spread_inside,
         "sampler_sizes": after.sampler_sizes,
+        "lr_factors": after.lr_factors,
         "seen_batches": trainer.seen_batches,
         "eval_checks": probe.checks,
         "instances": [[i.id, list(i.workers), i.batch_size] for i in trainer.adloco.instances],
