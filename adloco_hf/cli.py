@@ -1,4 +1,4 @@
-"""Command lines of the recipes: dataclass arguments from a YAML file, overridden on the command line.
+"""Command lines of the recipes: dataclass arguments from a YAML file, overridden on the command line; their logging.
 
 `accelerate launch recipes/pretrain_c4.py --config recipes/configs/demo.yaml --max_steps 40` reads every field of
 the YAML file as a default, then parses the command line as usual, so the command line wins. Precedence, lowest
@@ -18,14 +18,18 @@ script_args, training_args = parse_args_with_yaml(parser)  # python train.py --c
 
 import argparse
 import difflib
+import logging
 import os
+import sys
 from typing import Any
 
+import datasets
+import transformers
 import yaml
-from transformers import HfArgumentParser
+from transformers import HfArgumentParser, TrainingArguments
 
 
-__all__ = ["CONFIG_FLAG", "load_yaml_defaults", "parse_args_with_yaml"]
+__all__ = ["CONFIG_FLAG", "load_yaml_defaults", "parse_args_with_yaml", "setup_logging"]
 
 CONFIG_FLAG = "--config"
 
@@ -137,3 +141,21 @@ def parse_args_with_yaml(
     outputs = parser.parse_args_into_dataclasses(args=args)
     # The leftover namespace holds only `config`: the caller wants the dataclasses.
     return tuple(output for output in outputs if not isinstance(output, argparse.Namespace))
+
+
+def setup_logging(training_args: TrainingArguments) -> None:
+    """INFO on global rank 0 (the library's per-round lines), WARNING on the other workers, each line tagged with
+    its rank; transformers and datasets follow `log_level` / `log_level_replica`."""
+    is_main = training_args.process_index == 0
+    logging.basicConfig(
+        format=f"%(asctime)s [rank {training_args.process_index}] %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        level=logging.INFO if is_main else logging.WARNING,
+        stream=sys.stdout,
+        force=True,
+    )
+    log_level = training_args.get_process_log_level()
+    transformers.utils.logging.set_verbosity(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    if not is_main:
+        datasets.disable_progress_bars()

@@ -28,20 +28,18 @@ import json
 import logging
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 
 import datasets
 import evaluate
 import torch
 import torch.distributed as dist
-import transformers
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, HfArgumentParser, default_data_collator
 
 import adloco_hf
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-from adloco_hf.cli import parse_args_with_yaml
+from adloco_hf.cli import parse_args_with_yaml, setup_logging
 from adloco_hf.data import build_lm_datasets, lm_dataset_stats, load_text_corpus
 from adloco_hf.presets import build_model
 
@@ -76,23 +74,6 @@ class ScriptArguments:
     cache_dir: str | None = field(
         default=None, metadata={"help": "Where packed datasets are cached (default: none, kept in memory)."}
     )
-
-
-def setup_logging(training_args: AdLoCoConfig) -> None:
-    """INFO on global rank 0, WARNING on the other workers."""
-    is_main = training_args.process_index == 0
-    logging.basicConfig(
-        format=f"%(asctime)s [rank {training_args.process_index}] %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        level=logging.INFO if is_main else logging.WARNING,
-        stream=sys.stdout,
-        force=True,
-    )
-    log_level = training_args.get_process_log_level()
-    transformers.utils.logging.set_verbosity(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
-    if not is_main:
-        datasets.disable_progress_bars()
 
 
 @torch.no_grad()

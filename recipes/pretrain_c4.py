@@ -32,17 +32,14 @@ really started N workers. Outputs in `output_dir`: `adloco_rounds.jsonl`, `adloc
 
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 
-import datasets
 import torch
-import transformers
 from transformers import HfArgumentParser, default_data_collator
 from transformers.trainer_utils import get_last_checkpoint
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-from adloco_hf.cli import parse_args_with_yaml
+from adloco_hf.cli import parse_args_with_yaml, setup_logging
 from adloco_hf.data import (
     BUILTIN_CORPUS,
     build_lm_datasets,
@@ -105,23 +102,6 @@ class ScriptArguments:
     plot: bool = field(
         default=True, metadata={"help": "Write adloco_run.png (batch sizes, instances, losses) at the end."}
     )
-
-
-def setup_logging(training_args: AdLoCoConfig) -> None:
-    """INFO on global rank 0 (the library's per-round lines), WARNING on the other workers."""
-    is_main = training_args.process_index == 0
-    logging.basicConfig(
-        format=f"%(asctime)s [rank {training_args.process_index}] %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        level=logging.INFO if is_main else logging.WARNING,
-        stream=sys.stdout,
-        force=True,
-    )
-    log_level = training_args.get_process_log_level()
-    transformers.utils.logging.set_verbosity(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
-    if not is_main:
-        datasets.disable_progress_bars()
 
 
 def check_world_size(training_args: AdLoCoConfig) -> None:
