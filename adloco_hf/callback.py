@@ -96,7 +96,6 @@ class AdLoCoCallback(TrainerCallback):
         self.collector: GradientStatisticsCollector | None = None
         self.max_batch_size: int | None = None
         self.plan: BatchPlan | None = None
-        self.lr_factor = 1.0
         self._base_lrs: list[float] | None = None  # the scheduler's, before lr_batch_scaling
         self.run_log = RunLog(self.args.output_dir)
         self.outer_step = 0
@@ -270,8 +269,8 @@ class AdLoCoCallback(TrainerCallback):
         self.plan = plan_batch(self.instance.batch_size, self.max_batch_size, self.args.switch_threshold)
         self.trainer.train_sampler.batch_size = self.plan.batch_size
         if self.args.lr_batch_scaling != "none":
-            self.lr_factor = self._lr_factor(self.plan)
-            apply_lr_factor(self.trainer.optimizer, self.trainer.lr_scheduler, self._base_lrs, self.lr_factor)
+            factor = self._lr_factor(self.plan)
+            apply_lr_factor(self.trainer.optimizer, self.trainer.lr_scheduler, self._base_lrs, factor)
 
     def _lr_factor(self, plan: BatchPlan) -> float:
         return lr_factor(self.args.lr_batch_scaling, plan.batch_size, self.args.per_device_train_batch_size)
