@@ -24,8 +24,10 @@ __all__ = [
     "get_hub_api",
     "load_rank_state",
     "model_card",
+    "publish_files",
     "push_folder",
     "rank_state_path",
+    "replace_directory",
     "save_model_folder",
     "save_rank_state",
     "state_dict_with",
@@ -87,6 +89,26 @@ def atomic_write_text(path: str, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def replace_directory(tmp: str, path: str) -> None:
+    """Move a finished directory into place; if another process got there first, keep theirs (same content)."""
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        if not os.path.isdir(path):
+            raise
+
+
+def publish_files(tmp: str, target: str, *, last: str) -> None:
+    """Move the files of `tmp` into `target` one by one (each `os.replace` is atomic), `last` at the end.
+
+    `last` is the marker a reader checks: it is removed first, so a reader never pairs old files with a new marker.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(target, last))
+    for name in sorted(os.listdir(tmp), key=lambda name: name == last):
+        os.replace(os.path.join(tmp, name), os.path.join(target, name))
 
 
 def state_dict_with(model: torch.nn.Module, named_values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
