@@ -151,7 +151,7 @@ def test_train_tokenizer_reuses_the_saved_tokenizer(tmp_path, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("the tokenizer was trained again")
 
-    monkeypatch.setattr(data, "_train_byte_level_bpe", no_training)
+    monkeypatch.setattr(data.tokenizer, "_train_byte_level_bpe", no_training)
     second = train_tokenizer(texts, vocab_size=300, save_dir=save_dir)
     assert second.get_vocab() == first.get_vocab()
     assert os.stat(saved).st_mtime_ns == mtime
@@ -266,7 +266,7 @@ def test_cache_is_reused_and_keyed_by_block_size(tokenizer, tmp_path, monkeypatc
     def no_tokenisation(*args, **kwargs):
         raise AssertionError("tokenised again")
 
-    monkeypatch.setattr(data, "_tokenize_and_pack", no_tokenisation)
+    monkeypatch.setattr(data.packing, "_tokenize_and_pack", no_tokenisation)
     second = build_lm_datasets(docs, tokenizer, block_size=16, cache_dir=cache_dir)
     for name in ("train", "eval"):
         assert second[name]["input_ids"] == first[name]["input_ids"]
@@ -292,7 +292,7 @@ def _distributed_worker(rank: int, port: int, tmp: str, texts: list[str]) -> Non
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         log = os.path.join(tmp, f"built_by_{rank}")
-        real_train, real_build = data._train_byte_level_bpe, data._tokenize_and_pack
+        real_train, real_build = data.tokenizer._train_byte_level_bpe, data.packing._tokenize_and_pack
 
         def train_and_log(*args, **kwargs):
             open(log, "a").write("tokenizer\n")
@@ -302,7 +302,7 @@ def _distributed_worker(rank: int, port: int, tmp: str, texts: list[str]) -> Non
             open(log, "a").write("lm\n")
             return real_build(*args, **kwargs)
 
-        data._train_byte_level_bpe, data._tokenize_and_pack = train_and_log, build_and_log
+        data.tokenizer._train_byte_level_bpe, data.packing._tokenize_and_pack = train_and_log, build_and_log
         corpus = datasets.Dataset.from_list([{"text": t} for t in texts])
         cache_dir = os.path.join(tmp, "cache")
         tokenizer = load_or_train_tokenizer(None, corpus, vocab_size=300, cache_dir=cache_dir)

@@ -1,0 +1,44 @@
+"""Data for AdLoCo runs: the built-in offline corpus, C4 streaming, a byte-level BPE tokenizer, and packing.
+
+Every source ends up as a `datasets.Dataset` with one column, `"text"`, one document per row; the same code then
+splits the documents into train/eval, tokenises them and packs them into blocks of `block_size` tokens
+(DESIGN §7). Nothing here downloads anything unless you ask for a Hub dataset or tokenizer by name:
+
+- `builtin:python-docs` ([`BUILTIN_CORPUS`]) is English text every CPython carries (the `pydoc` topics and the
+  standard library's docstrings, about 1.7 MB), so tests, CI and `make demo` run offline.
+- `allenai/c4` streams the first N documents of C4 ("en") and keeps them on disk (`datasets`' own cache), so a second
+  run does not stream again. The same code reads local JSON-lines files in C4's schema, which is how it is tested.
+
+One module per stage: `sources` (documents from the built-in corpus, C4, local files or the Hub; the built-in text
+is collected by the program `_stdlib_docs.py`), `tokenizer` (training or loading the tokenizer, fingerprints) and
+`packing` (split, tokenise, pack, cache). `_cache` holds what they share: fingerprint hashing and building on global
+rank 0 first under `torch.distributed`.
+
+Example:
+```python
+>>> texts = load_text_corpus(BUILTIN_CORPUS)
+>>> tokenizer = load_or_train_tokenizer(None, texts, vocab_size=4096, cache_dir="outputs/cache")
+>>> lm = build_lm_datasets(texts, tokenizer, block_size=128, cache_dir="outputs/cache")
+>>> lm_dataset_stats(lm)["train_blocks"] > 0
+True
+```
+"""
+
+from .packing import _pack as _pack  # tests call it as `data._pack`
+from .packing import build_lm_datasets, lm_dataset_stats
+from .sources import BUILTIN_CORPUS, C4_DATASET, load_builtin_corpus, load_c4, load_text_corpus
+from .tokenizer import EOS_TOKEN, load_or_train_tokenizer, train_tokenizer
+
+
+__all__ = [
+    "BUILTIN_CORPUS",
+    "C4_DATASET",
+    "EOS_TOKEN",
+    "build_lm_datasets",
+    "lm_dataset_stats",
+    "load_builtin_corpus",
+    "load_c4",
+    "load_or_train_tokenizer",
+    "load_text_corpus",
+    "train_tokenizer",
+]

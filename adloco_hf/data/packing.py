@@ -1,0 +1,235 @@
+"""Tokenise documents and pack them into blocks of `block_size` tokens for causal LM training, with a disk cache."""
+
+import functools
+import json
+import os
+import shutil
+import tempfile
+from itertools import chain
+
+import datasets
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from ..checkpoint import replace_directory
+from ._cache import _FORMAT_VERSION, _MAP_BATCH_SIZE, _hash, _main_process_first
+from .sources import _require_text_column
+from .tokenizer import _tokenizer_fingerprint
+
+
+_LM_INFO_FILE = "adloco_lm_dataset.json"
+
+
+def build_lm_datasets(
+    texts: datasets.Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    block_size: int,
+    eval_fraction: float = 0.05,
+    max_eval_documents: int | None = None,
+    seed: int = 42,
+    cache_dir: str | None = None,
+    num_proc: int | None = None,
+) -> datasets.DatasetDict:
+    """Split documents into train/eval, tokenise them and pack each split into blocks of `block_size` tokens.
+
+    1. Documents are split before packing (a seeded permutation picks the eval documents; both splits keep the
+       corpus order), so no eval block shares a document with a train block.
+    2. Each document is tokenised without special tokens and followed by `tokenizer.eos_token_id`, so every
+       document boundary survives packing (GPT-2's convention).
+    3. Each split's token stream (its documents in order) is cut into consecutive blocks of exactly `block_size`
+       tokens; only the final remainder, fewer than `block_size` tokens, is dropped. The packing map is batched,
+       but a block that starts in one batch takes its tail from the next documents, so nothing is lost at batch
+       (or `num_proc` shard) edges. `labels` is a copy of `input_ids`: causal LM models shift them.
+    4. With `cache_dir`, the result is saved to `cache_dir/lm-<fingerprint>` (the fingerprint covers `texts`, the
+       tokenizer, `block_size`, `eval_fraction`, `max_eval_documents` and `seed`) through a temporary directory
+       and `os.replace`, and later calls with the same inputs load it instead of tokenising again. Under
+       `torch.distributed`, global rank 0 builds it while the other ranks wait, then they load it.
+
+    Args:
+        texts: documents, column `"text"` (see [`load_text_corpus`]).
+        tokenizer: any tokenizer with an `eos_token`.
+        block_size: tokens per block (the sequence length of training).
+        eval_fraction: fraction of the documents held out for evaluation (at least one document).
+        max_eval_documents: upper bound on the number of eval documents.
+        seed: seed of the document split.
+        cache_dir: where packed datasets are cached; `None` keeps the result in memory only.
+        num_proc: processes for tokenisation and packing (`datasets.map`).
+
+    Returns:
+        A `datasets.DatasetDict` with `"train"` and `"eval"`, each with columns `input_ids` and `labels` (int32 lists
+        of length `block_size`).
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if not 0 < eval_fraction < 1:
+        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+    if max_eval_documents is not None and max_eval_documents < 1:
+        raise ValueError(f"max_eval_documents must be >= 1 or None, got {max_eval_documents}")
+    _require_text_column(texts)
+    if len(texts) < 2:
+        raise ValueError(f"texts needs at least 2 documents (one for train, one for eval), got {len(texts)}")
+    if tokenizer.eos_token_id is None:
+        raise ValueError("tokenizer has no eos_token: packing separates documents with it; set tokenizer.eos_token")
+
+    fingerprint = _hash(
+        [
+            "lm",
+            _FORMAT_VERSION,
+            texts._fingerprint,
+            _tokenizer_fingerprint(tokenizer),
+            block_size,
+            eval_fraction,
+            max_eval_documents,
+            seed,
+        ]
+    )
+    build = functools.partial(
+        _tokenize_and_pack,
+        texts,
+        tokenizer,
+        block_size=block_size,
+        eval_fraction=eval_fraction,
+        max_eval_documents=max_eval_documents,
+        seed=seed,
+        num_proc=num_proc,
+        fingerprint=fingerprint,
+    )
+    if cache_dir is None:
+        return build()
+
+    path = os.path.join(cache_dir, f"lm-{fingerprint}")
+    with _main_process_first():
+        if not os.path.isdir(path):
+            lm_datasets = build()
+            os.makedirs(cache_dir, exist_ok=True)
+            tmp = tempfile.mkdtemp(dir=cache_dir, prefix=f".tmp-lm-{fingerprint}-")
+            os.chmod(tmp, 0o755)  # mkdtemp's 0o700 would hide a shared cache from other users
+            try:
+                lm_datasets.save_to_disk(tmp)
+                info = {"fingerprint": fingerprint, "block_size": block_size, "eval_fraction": eval_fraction}
+                info |= {"max_eval_documents": max_eval_documents, "seed": seed, **lm_dataset_stats(lm_datasets)}
+                with open(os.path.join(tmp, _LM_INFO_FILE), "w") as f:
+                    json.dump(info, f, indent=2)
+                replace_directory(tmp, path)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return datasets.load_from_disk(path)
+
+
+def lm_dataset_stats(lm_datasets: datasets.DatasetDict) -> dict[str, int]:
+    """Blocks and tokens per split of a packed dataset, for logs.
+
+    Args:
+        lm_datasets: the result of [`build_lm_datasets`].
+
+    Returns:
+        `{"block_size", "<split>_blocks", "<split>_tokens"}` for each split (e.g. `train_blocks`, `eval_tokens`).
+    """
+    stats = {}
+    for name, split in lm_datasets.items():
+        block_size = len(split[0]["input_ids"]) if len(split) else 0
+        stats["block_size"] = max(stats.get("block_size", 0), block_size)
+        stats[f"{name}_blocks"] = len(split)
+        stats[f"{name}_tokens"] = len(split) * block_size
+    return stats
+
+
+def _tokenize_and_pack(
+    texts: datasets.Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    block_size: int,
+    eval_fraction: float,
+    max_eval_documents: int | None,
+    seed: int,
+    num_proc: int | None,
+    fingerprint: str,
+) -> datasets.DatasetDict:
+    num_eval = max(1, round(eval_fraction * len(texts)))
+    num_eval = min(num_eval, max_eval_documents or num_eval, len(texts) - 1)
+    order = np.random.default_rng(seed).permutation(len(texts))
+    documents = {"train": np.sort(order[num_eval:]), "eval": np.sort(order[:num_eval])}
+
+    eos = tokenizer.eos_token_id
+
+    def tokenize(batch: list[str]) -> dict[str, list]:
+        ids = tokenizer(batch, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
+        ids = [doc + [eos] for doc in ids]
+        return {"input_ids": ids, "num_tokens": [len(doc) for doc in ids]}
+
+    token_features = datasets.Features(
+        {"input_ids": datasets.List(datasets.Value("int32")), "num_tokens": datasets.Value("int64")}
+    )
+    splits = {}
+    for name, indices in documents.items():
+        docs = texts.select(indices)
+        tokenized = docs.map(
+            tokenize,
+            batched=True,
+            batch_size=_MAP_BATCH_SIZE,
+            input_columns="text",
+            remove_columns=docs.column_names,
+            features=token_features,
+            num_proc=num_proc,
+            new_fingerprint=_hash([fingerprint, name, "tokenize"]),
+            desc=f"Tokenising {name} documents",
+        )
+        splits[name] = _pack(tokenized, block_size, num_proc=num_proc, fingerprint=_hash([fingerprint, name, "pack"]))
+        if len(splits[name]) == 0:
+            total = int(np.sum(tokenized.data.column("num_tokens").to_numpy()))
+            raise ValueError(
+                f"The {name} split has {total} tokens ({len(docs)} documents), less than one block of "
+                f"block_size={block_size}: lower block_size, or give more documents"
+                + (" or a larger eval_fraction/max_eval_documents." if name == "eval" else ".")
+            )
+    return datasets.DatasetDict(splits)
+
+
+def _pack(
+    tokenized: datasets.Dataset,
+    block_size: int,
+    *,
+    num_proc: int | None,
+    fingerprint: str,
+    batch_size: int = _MAP_BATCH_SIZE,
+) -> datasets.Dataset:
+    """Cut the concatenated `input_ids` of `tokenized` into blocks of `block_size` tokens, dropping the final rest.
+
+    Block k covers tokens [k·B, (k+1)·B) of the stream and is emitted by the map batch in which it starts; when it
+    runs past the batch's last document, its tail is read from the following rows. Batches (and `num_proc` shards)
+    therefore drop nothing, and the result is the stream cut into blocks, exactly.
+    """
+    offsets = np.concatenate([[0], np.cumsum(tokenized.data.column("num_tokens").to_numpy())])
+    num_blocks = int(offsets[-1]) // block_size
+
+    def pack(batch: list[list[int]], indices: list[int]) -> dict[str, list]:
+        first, stop_row = indices[0], indices[-1] + 1
+        start, end = int(offsets[first]), int(offsets[stop_row])
+        first_block = -(-start // block_size)
+        stop_block = min(-(-end // block_size), num_blocks)
+        if stop_block <= first_block:
+            return {"input_ids": [], "labels": []}
+        stream = list(chain.from_iterable(batch))
+        needed = stop_block * block_size
+        if needed > end:
+            more_rows = int(np.searchsorted(offsets, needed, side="left"))
+            stream.extend(chain.from_iterable(tokenized[stop_row:more_rows]["input_ids"]))
+        blocks = [
+            stream[k * block_size - start : (k + 1) * block_size - start] for k in range(first_block, stop_block)
+        ]
+        return {"input_ids": blocks, "labels": [list(block) for block in blocks]}
+
+    block = datasets.List(datasets.Value("int32"), length=block_size)
+    return tokenized.map(
+        pack,
+        batched=True,
+        batch_size=batch_size,
+        with_indices=True,
+        input_columns="input_ids",
+        remove_columns=tokenized.column_names,
+        features=datasets.Features({"input_ids": block, "labels": block}),
+        num_proc=num_proc,
+        new_fingerprint=fingerprint,
+        desc=f"Packing into blocks of {block_size} tokens",
+    )
