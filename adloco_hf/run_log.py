@@ -1,17 +1,39 @@
-"""The run's JSON-lines files: `adloco_rounds.jsonl` (one line per instance per round) and `adloco_eval.jsonl`."""
+"""The run's JSON-lines files, written and read: `adloco_rounds.jsonl` and `adloco_eval.jsonl` (DESIGN §4).
+
+Global rank 0 writes both into the run's `output_dir`: one line per instance per round to `adloco_rounds.jsonl`
+(the keys of `ROUND_KEYS` and a few more) and one line per evaluation to `adloco_eval.jsonl`, whose `instance` is
+an int id or `MERGED` for the final merged model. JSON has no NaN, so non-finite numbers are written as `null`.
+
+Reading needs neither torch nor a process group: `load_rounds` and `load_evals` work on a finished run, on one
+still training, and on one that crashed in the middle of writing a line.
+"""
 
 import json
 import math
 import os
+import warnings
+from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from .checkpoint import atomic_write_text
 
 
-__all__ = ["EVAL_FILE", "ROUNDS_FILE", "ROUND_KEYS", "RunLog"]
+__all__ = [
+    "EVAL_FILE",
+    "MERGED",
+    "ROUNDS_FILE",
+    "ROUND_KEYS",
+    "RunLog",
+    "group_by_round",
+    "is_finite_number",
+    "load_evals",
+    "load_rounds",
+]
 
 ROUNDS_FILE = "adloco_rounds.jsonl"
 EVAL_FILE = "adloco_eval.jsonl"
+MERGED = "merged"  # the `instance` of the final merged model's evaluation lines
 # The keys of DESIGN §4 (contract); lines carry a few more (tokens, total_tokens, elapsed_seconds, skipped, ...).
 ROUND_KEYS = (
     "outer_step",
@@ -91,3 +113,72 @@ class RunLog:
 
     def write_eval(self, lines: list[dict[str, Any]]) -> None:
         self._append(self.eval_path, lines)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Parse a JSON-lines file, skipping blank lines and a truncated last line (a run killed mid-write).
+
+    A malformed line anywhere else means the file is damaged, not merely cut short, and raises.
+    """
+    text = path.read_text(encoding="utf-8")
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    records = []
+    for index, (number, line) in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if index == len(lines) - 1:
+                warnings.warn(f"{path}:{number}: skipping a truncated last line ({error})", stacklevel=3)
+                break
+            raise ValueError(f"{path}:{number}: not a JSON object: {error}") from error
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        records.append(record)
+    return records
+
+
+def load_rounds(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read `adloco_rounds.jsonl`: one dict per instance per round, ordered by (outer_step, instance).
+
+    Global rank 0 writes each round's lines in instance order; the sort also orders files that were assembled
+    or edited by hand.
+
+    Args:
+        output_dir: the run's `output_dir`.
+
+    Returns:
+        The records as written (`null` → `None`, `NaN` → `float("nan")`).
+
+    Raises:
+        FileNotFoundError: the directory holds no `adloco_rounds.jsonl`.
+        ValueError: a line other than the last is not a JSON object.
+    """
+    path = Path(output_dir) / ROUNDS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: is {output_dir} the output_dir of an AdLoCo run?")
+    records = _read_jsonl(path)
+    return sorted(records, key=lambda record: (record["outer_step"], record["instance"]))
+
+
+def load_evals(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read `adloco_eval.jsonl`: one dict per evaluation, ordered by global step; `[]` when there is none.
+
+    `instance` is an int id, or `MERGED` (`"merged"`) for the final merged model.
+    """
+    path = Path(output_dir) / EVAL_FILE
+    if not path.is_file():
+        return []
+    return sorted(_read_jsonl(path), key=lambda record: record.get("global_step", 0))
+
+
+def group_by_round(rounds: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """`load_rounds`'s records grouped by outer step, in increasing order: {outer_step: [one per instance]}."""
+    grouped: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for record in rounds:
+        grouped[record["outer_step"]].append(record)
+    return dict(sorted(grouped.items()))
+
+
+def is_finite_number(value: Any) -> bool:
+    """Whether a logged value is a usable number (not missing, `null`, NaN, infinite or a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
