@@ -8,9 +8,11 @@ from .batch_size import (
 )
 from .callback import AdLoCoCallback
 from .config import AdLoCoConfig
+from .rounds import AdLoCoState
 from .sampler import AdaptiveBatchSampler
 from .switch_mode import BatchPlan, plan_batch
 from .trainer import AdLoCoTrainer
+from .worker import Worker
 
 
 __version__ = "0.1.0"
@@ -18,9 +20,11 @@ __version__ = "0.1.0"
 __all__ = [
     "AdLoCoCallback",
     "AdLoCoConfig",
+    "AdLoCoState",
     "AdLoCoTrainer",
     "AdaptiveBatchSampler",
     "BatchPlan",
+    "Worker",
     "augmented_inner_product_test",
     "estimate_variance",
     "inner_product_test",

@@ -1,4 +1,4 @@
-"""Files AdLoCo writes: merged safetensors checkpoints with a model card, per-rank resume state, Hub uploads.
+"""Files AdLoCo writes: merged safetensors checkpoints with a model card, per-rank resume state, atomically.
 
 Every folder is written under a temporary name next to its destination and renamed into place, so a process that
 dies while saving never leaves a half-written checkpoint where a complete one was expected. Model weights are
@@ -7,6 +7,7 @@ written with safetensors (via `save_pretrained`); per-rank state is read back wi
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -14,24 +15,28 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from transformers.trainer_utils import get_last_checkpoint
 
 
 __all__ = [
     "RANK_STATE_DIR",
     "atomic_directory",
     "atomic_write_text",
-    "create_hub_repo",
-    "get_hub_api",
     "load_rank_state",
     "model_card",
     "publish_files",
-    "push_folder",
+    "publish_checkpoint",
     "rank_state_path",
+    "remove_stale_staging",
     "replace_directory",
+    "resume_hint",
+    "save_global_weights",
     "save_model_folder",
     "save_rank_state",
     "state_dict_with",
 ]
+
+logger = logging.getLogger(__name__)
 
 RANK_STATE_DIR = "adloco"
 RANK_STATE_VERSION = 1
@@ -91,6 +96,40 @@ def atomic_write_text(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def remove_stale_staging(output_dir: str) -> list[str]:
+    """Remove staging folders of checkpoint saves that were interrupted (never complete, never loaded)."""
+    removed = []
+    if not os.path.isdir(output_dir):
+        return removed
+    for name in os.listdir(output_dir):
+        if name.startswith((".tmp-checkpoint-", ".old-checkpoint-")):
+            shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+            logger.warning("removed %s, left by an interrupted checkpoint save", name)
+            removed.append(name)
+    return removed
+
+
+def resume_hint(output_dir: str) -> str:
+    """What a user can do after a lost worker, from the checkpoints in `output_dir`."""
+    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    if last is None:
+        return "No checkpoint has been saved yet; set save_steps to a multiple of inner_steps to be able to resume."
+    return f"The last checkpoint ({last}) is intact: resume with train(resume_from_checkpoint=True)."
+
+
+def publish_checkpoint(staging: str, final_dir: str) -> None:
+    """Rename a complete staging folder to `final_dir`; an existing one is set aside first and removed after."""
+    aside = None
+    if os.path.exists(final_dir):
+        parent, name = os.path.split(os.path.abspath(final_dir))
+        aside = os.path.join(parent, f".old-{name}")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final_dir, aside)
+    os.replace(staging, final_dir)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
 def replace_directory(tmp: str, path: str) -> None:
     """Move a finished directory into place; if another process got there first, keep theirs (same content)."""
     try:
@@ -145,6 +184,14 @@ def save_model_folder(
                 json.dump(payload, f, indent=2)
                 f.write("\n")
     return folder
+
+
+def save_global_weights(folder: str, model, trainable_values: list[torch.Tensor], **kwargs: Any) -> str:
+    """`save_model_folder` with the model's trainable parameters, in order, replaced by `trainable_values`."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    return save_model_folder(
+        folder, model, state_dict=state_dict_with(model, dict(zip(names, trainable_values))), **kwargs
+    )
 
 
 def model_card(
@@ -221,36 +268,3 @@ def load_rank_state(checkpoint_dir: str, rank: int) -> dict[str, Any]:
     if state.get("version") != RANK_STATE_VERSION:
         raise ValueError(f"{path} has state version {state.get('version')}, expected {RANK_STATE_VERSION}")
     return state
-
-
-def get_hub_api(token: str | None = None):
-    """The `huggingface_hub.HfApi` used for every upload (tests replace this function with a recording fake)."""
-    from huggingface_hub import HfApi
-
-    return HfApi(token=token)
-
-
-def create_hub_repo(repo_id: str, *, token: str | None = None, private: bool | None = None) -> str:
-    """Create the repo if needed; returns its full id (namespace/name)."""
-    return get_hub_api(token).create_repo(repo_id, private=private, exist_ok=True).repo_id
-
-
-def push_folder(
-    folder: str,
-    *,
-    repo_id: str,
-    path_in_repo: str | None = None,
-    commit_message: str,
-    token: str | None = None,
-    private: bool | None = None,
-    revision: str | None = None,
-):
-    """Create the repo if needed and upload `folder` to it (to `path_in_repo`, the root by default)."""
-    repo_id = create_hub_repo(repo_id, token=token, private=private)
-    return get_hub_api(token).upload_folder(
-        repo_id=repo_id,
-        folder_path=folder,
-        path_in_repo=path_in_repo,
-        commit_message=commit_message,
-        revision=revision,
-    )

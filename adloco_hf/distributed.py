@@ -19,6 +19,7 @@ __all__ = [
     "all_gather_rows",
     "barrier",
     "broadcast_tensors",
+    "check_models_match",
     "comm_device",
     "destroy_process_groups_at_exit",
     "get_rank",
@@ -140,6 +141,20 @@ def tensors_fingerprint(named: Sequence[tuple[str, torch.Tensor]]) -> int:
     for name, tensor in named:
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
     return int.from_bytes(digest.digest()[:8], "big") >> 1
+
+
+def check_models_match(model: torch.nn.Module, device: torch.device) -> None:
+    """Compare parameter names, shapes and dtypes across ranks before a broadcast would hang on a mismatch."""
+    named = list(model.state_dict().items())
+    fingerprint = tensors_fingerprint(named)
+    rows = all_gather_rows([fingerprint >> 32, fingerprint & 0xFFFFFFFF, len(named)], device)
+    differing = [r for r, row in enumerate(rows) if row != rows[0]]
+    if differing:
+        raise ValueError(
+            f"the model on rank(s) {differing} differs from rank 0's in parameter names, shapes or dtypes "
+            f"(rank 0 has {int(rows[0][2])} tensors, rank {differing[0]} has {int(rows[differing[0]][2])}); "
+            "every worker must build the same model, e.g. with the same config and seed"
+        )
 
 
 class WorkerTimeoutError(RuntimeError):

@@ -4,10 +4,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 
-__all__ = ["AdaptiveBatchSampler"]
+__all__ = ["AdaptiveBatchSampler", "adaptive_train_loader"]
 
 
 class AdaptiveBatchSampler(Sampler[list[int]]):
@@ -116,3 +116,25 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self.batch_size = int(state["batch_size"])
+
+
+def adaptive_train_loader(
+    dataset, collate_fn, *, batch_size: int, num_workers: int, rank: int, seed: int, pin_memory: bool = False
+) -> DataLoader:
+    """A plain `DataLoader` over this worker's `AdaptiveBatchSampler` (its `batch_sampler`), in the main process.
+
+    Not prepared by accelerate: `BatchSamplerShard` would freeze the batch size; the Trainer's `_prepare_inputs`
+    moves each batch to the device. Refuses, before training, data a worker cannot take a disjoint shard of.
+    """
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise ValueError(
+            "train_dataset must be map-style (with a length): each worker takes a disjoint shard of its indices; "
+            "materialise a streamed dataset first (e.g. Dataset.from_generator or .take(n))"
+        )
+    if len(dataset) // num_workers < batch_size:
+        raise ValueError(
+            f"train_dataset has {len(dataset)} samples: {len(dataset) // num_workers} per worker for {num_workers} "
+            f"worker(s), fewer than per_device_train_batch_size={batch_size}; use more data or a smaller initial batch"
+        )
+    sampler = AdaptiveBatchSampler(len(dataset), batch_size=batch_size, num_workers=num_workers, rank=rank, seed=seed)
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=0, pin_memory=pin_memory)

@@ -5,11 +5,12 @@ limit by a factor γ (`switch_threshold`): just above the limit, accumulating wo
 small gain in batch size, so the request is capped instead.
 """
 
+import enum
 import math
 from dataclasses import dataclass
 
 
-__all__ = ["BatchPlan", "plan_batch", "split_sizes"]
+__all__ = ["BatchPlan", "Statistics", "StepPlan", "plan_batch", "plan_step", "split_sizes"]
 
 
 @dataclass(frozen=True)
@@ -76,3 +77,61 @@ def split_sizes(total: int, parts: int) -> list[int]:
         raise ValueError(f"cannot split {total} samples into {parts} non-empty chunks")
     base, extra = divmod(total, parts)
     return [base + 1] * extra + [base] * (parts - extra)
+
+
+class Statistics(enum.Enum):
+    """Where one inner step's gradient statistics come from (DESIGN §3.2)."""
+
+    NONE = "none"  # this step measures nothing
+    SPLIT = "split"  # the step's chunks (micro-batches, or two halves of its batch) are the groups
+    PREVIOUS = "previous"  # a one-sample batch: the previous step's gradient is the second group
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How the Trainer runs one inner step of a worker.
+
+    Attributes:
+        chunk_sizes: samples of each forward/backward inside the step (one entry: the whole batch at once).
+        statistics: where the step's gradient statistics come from.
+        remember_gradient: keep this step's gradient as the next step's second group (one-sample batches).
+    """
+
+    chunk_sizes: tuple[int, ...]
+    statistics: Statistics = Statistics.NONE
+    remember_gradient: bool = False
+
+    @property
+    def accumulates(self) -> bool:
+        return len(self.chunk_sizes) > 1
+
+
+def plan_step(
+    batch: int,
+    plan: BatchPlan,
+    *,
+    measure: bool,
+    last_of_round: bool,
+    next_last_of_round: bool,
+    has_previous: bool,
+) -> StepPlan:
+    """Plan one inner step of `batch` samples under switch mode's `plan`.
+
+    Statistics are measured on the last step of each round (`last_of_round`) when `measure` is on: from the step's
+    chunks when it accumulates, else from two halves of its batch; a one-sample batch has no second group, so the
+    step before the last keeps its gradient (`remember_gradient`) and the last pairs with it.
+    """
+    one_sample = plan.batch_size == 1 and not plan.accumulates
+    statistics, remember = Statistics.NONE, False
+    if measure and last_of_round:
+        if not one_sample:
+            statistics = Statistics.SPLIT
+        else:
+            statistics = Statistics.PREVIOUS if has_previous else Statistics.NONE
+            remember = next_last_of_round
+    elif measure:
+        remember = one_sample and next_last_of_round
+    if statistics is Statistics.SPLIT and batch < 2:
+        statistics = Statistics.NONE
+    parts = plan.accumulation_steps if plan.accumulates else (2 if statistics is Statistics.SPLIT else 1)
+    return StepPlan(tuple(split_sizes(batch, min(parts, batch))), statistics, remember)

@@ -1,32 +1,40 @@
-"""`AdLoCoTrainer`: the HF `Trainer` with AdLoCo's inner loop; the rounds themselves live in `AdLoCoCallback`."""
+"""`AdLoCoTrainer`: the HF `Trainer` with AdLoCo's inner loop. Only overrides live here, each saying why.
+
+The rounds themselves belong to this process's [`Worker`] (`worker.py`); `AdLoCoCallback` (`callback.py`) hands
+the Trainer's events to it: training begins, a step ends (and with it, every `inner_steps` steps, a round), training
+ends.
+"""
 
 import logging
-import math
 import os
 import shutil
-import time
-from typing import Any
+import warnings
 
 import datasets
 import torch
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader
 from transformers import Trainer
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, speed_metrics
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from .batches import batch_length, count_tokens, split_inputs
 from .callback import AdLoCoCallback
 from .checkpoint import (
     RANK_STATE_DIR,
-    create_hub_repo,
     load_rank_state,
     model_card,
-    push_folder,
+    publish_checkpoint,
+    save_global_weights,
     save_rank_state,
 )
 from .config import AdLoCoConfig
-from .distributed import all_gather_rows, barrier
-from .sampler import AdaptiveBatchSampler
-from .switch_mode import split_sizes
+from .distributed import barrier
+from .evaluation import evaluate_instances
+from .hub import MergedModelHubMixin, push_run_folder
+from .rounds import AdLoCoState, RoundResult, merge_record, round_logs
+from .sampler import AdaptiveBatchSampler, adaptive_train_loader
+from .switch_mode import Statistics, StepPlan
+from .worker import Worker
 
 
 __all__ = ["AdLoCoTrainer"]
@@ -36,31 +44,7 @@ logger = logging.getLogger(__name__)
 TRAINER_STATE_NAME = "trainer_state.json"
 
 
-def _batch_length(inputs: dict[str, Any]) -> int:
-    for value in inputs.values():
-        if torch.is_tensor(value) and value.dim() > 0:
-            return value.shape[0]
-    raise ValueError("could not find a batched tensor in the inputs to split into micro-batches")
-
-
-def _split_batch(inputs: dict[str, Any], sizes: list[int]) -> list[dict[str, Any]]:
-    batch = _batch_length(inputs)
-    chunks = [{} for _ in sizes]
-    for key, value in inputs.items():
-        if torch.is_tensor(value) and value.dim() > 0 and value.shape[0] == batch:
-            for chunk, part in zip(chunks, torch.split(value, sizes)):
-                chunk[key] = part
-        else:
-            for chunk in chunks:
-                chunk[key] = value
-    return chunks
-
-
-def _perplexity(loss: float) -> float:
-    return math.exp(loss) if loss < 700 else math.inf
-
-
-class AdLoCoTrainer(Trainer):
+class AdLoCoTrainer(MergedModelHubMixin, Trainer):
     """A drop-in replacement for `transformers.Trainer` that trains with AdLoCo.
 
     Launch it with `accelerate launch`: every process is a worker with its own model copy, inner AdamW and data
@@ -82,6 +66,7 @@ class AdLoCoTrainer(Trainer):
                         per_device_train_batch_size=4, learning_rate=3e-4)
     trainer = AdLoCoTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid)
     trainer.train()                  # accelerate launch --num_processes 4 train.py
+    print(trainer.adloco_state)      # rounds, tokens, bytes, merges, batch sizes
     trainer.push_merged_to_hub("me/my-model")
     ```
     """
@@ -103,16 +88,65 @@ class AdLoCoTrainer(Trainer):
                 f"eval_strategy={args.eval_strategy.value!r} asks for evaluation but no eval_dataset was given; pass "
                 "eval_dataset=... or set eval_strategy='no'"
             )
+        self.worker = Worker(args)
         self.train_sampler: AdaptiveBatchSampler | None = None
         self._train_loader: DataLoader | None = None
-        self.adloco = AdLoCoCallback(self)
         # Right after DefaultFlowCallback, before reporting and user callbacks: at a round's end they then see the
         # synchronised weights and the round's totals.
-        self.callback_handler.callbacks.insert(1, self.adloco)
+        events = AdLoCoCallback(start=self._start_rounds, step_end=self._maybe_end_round, end=self._finish_rounds)
+        self.callback_handler.callbacks.insert(1, events)
+
+    @property
+    def adloco_state(self) -> AdLoCoState:
+        """Where the run stands: rounds, tokens, bytes, merges, instances and their batch sizes (same on every rank)."""
+        return self.worker.state
+
+    @property
+    def adloco(self) -> Worker:
+        """Deprecated alias of `worker` (read `adloco_state` for the run's numbers)."""
+        warnings.warn("AdLoCoTrainer.adloco is deprecated; use .worker or .adloco_state", FutureWarning, stacklevel=2)
+        return self.worker
+
+    # ---- the worker's events ----
+    def _start_rounds(self) -> None:
+        self.worker.start(
+            model=self.model,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            sampler=self.train_sampler,
+            scaler=self.accelerator.scaler,
+            max_steps=self.state.max_steps,
+            global_step=self.state.global_step,
+            probe_step=self.run_probe_step,
+        )
+
+    def _maybe_end_round(self) -> None:
+        step = self.state.global_step
+        if self.worker.is_round_end(step) and step != self.worker.last_synced_step:
+            self._after_round(self.worker.end_round(step))
+
+    def _after_round(self, result: RoundResult) -> None:
+        """Save (and push) a merge, count tokens for the Trainer, report `adloco/*` values (same call on every rank)."""
+        if result.merge is not None and result.merge.phi is not None:
+            self._save_merge(result)
+        if self.args.include_num_input_tokens_seen != "no":
+            self.state.num_input_tokens_seen = self.worker.totals.tokens
+        if self.args.logging_strategy != "no":
+            self.log(round_logs(result.lines, self.worker.state, result.instances))
+
+    def _finish_rounds(self) -> None:
+        if self.state.global_step != self.worker.last_synced_step:
+            # Training stopped inside a round (max_steps, or a callback): finish it so the replicas agree.
+            self._after_round(self.worker.end_round(self.state.global_step))
+        self.save_merged_model()
+        if self.eval_dataset is not None and self.args.eval_strategy != "no":
+            self.evaluate(metric_key_prefix="eval_merged")
+        if self.args.push_to_hub:
+            self.push_merged_to_hub(commit_message="AdLoCo merged model (end of training)")
 
     # ---- data: a plain DataLoader over the adaptive sampler ----
     def get_train_dataloader(self) -> DataLoader:
-        """Not prepared by accelerate: `BatchSamplerShard` would freeze the batch size; `_prepare_inputs` moves data."""
+        """A plain loader over the adaptive sampler: accelerate's `BatchSamplerShard` would freeze the batch size."""
         if self.train_dataset is None:
             raise ValueError("AdLoCoTrainer: training requires a train_dataset.")
         dataset, collator = self.train_dataset, self.data_collator
@@ -120,34 +154,18 @@ class AdLoCoTrainer(Trainer):
             dataset = self._remove_unused_columns(dataset, description="training")
         else:
             collator = self._get_collator_with_removed_columns(collator, description="training")
-        if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
-            raise ValueError(
-                "train_dataset must be map-style (with a length): each worker takes a disjoint shard of its indices; "
-                "materialise a streamed dataset first (e.g. Dataset.from_generator or .take(n))"
-            )
-        world, initial = self.args.world_size, self.args.per_device_train_batch_size
-        if len(dataset) // world < initial:
-            raise ValueError(
-                f"train_dataset has {len(dataset)} samples: {len(dataset) // world} per worker for {world} worker(s), "
-                f"fewer than per_device_train_batch_size={initial}; use more data or a smaller initial batch"
-            )
-        self.train_sampler = AdaptiveBatchSampler(
-            len(dataset),
-            batch_size=initial,
-            num_workers=world,
+        self._train_loader = adaptive_train_loader(
+            dataset,
+            collator,
+            batch_size=self.args.per_device_train_batch_size,
+            num_workers=self.args.world_size,
             rank=self.args.process_index,
             seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
-        )
-        self._train_loader = DataLoader(
-            dataset,
-            batch_sampler=self.train_sampler,
-            collate_fn=collator,
-            num_workers=0,
             pin_memory=self.args.dataloader_pin_memory,
         )
+        self.train_sampler = self._train_loader.batch_sampler
         return self._train_loader
 
-    # ---- no DDP ----
     def _wrap_model(self, model, training: bool = True, dataloader=None):
         """Skip DDP: workers synchronise once per round. `prepare_model(evaluation_mode=True)` still applies device
         placement and autocast, and marks the model prepared so the later `accelerator.prepare(model, optimizer)`
@@ -159,53 +177,45 @@ class AdLoCoTrainer(Trainer):
         return model
 
     def _track_num_input_tokens(self, inputs):
-        """Counted locally and summed once per round by the callback: the Trainer's per-step all-gather would
+        """Counted locally and summed once per round by the worker: the Trainer's per-step all-gather would
         synchronise the workers every step."""
 
     # ---- one inner step: switch mode and gradient statistics ----
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
-        engine = self.adloco
-        batch = _batch_length(inputs)
-        mode, remember = engine.statistics_plan(self.state.global_step)
-        if mode == "split" and batch < 2:
-            mode = None
-        parts = engine.plan.accumulation_steps if engine.plan.accumulates else (2 if mode == "split" else 1)
-        parts = min(parts, batch)
-        if parts == 1:
-            loss = super().training_step(model, inputs, num_items_in_batch)
+        """One inner step as the worker plans it: the whole batch, or micro-batches accumulated (switch mode, or two
+        halves on a round's last step for the gradient statistics)."""
+        batch = batch_length(inputs)
+        plan = self.worker.plan_step(self.state.global_step, batch)
+        if plan.accumulates:
+            loss = self._accumulate(model, inputs, plan, num_items_in_batch)
         else:
-            loss = self._accumulate(model, inputs, split_sizes(batch, parts), num_items_in_batch, mode == "split")
-        if mode is not None or remember:
-            scale = self._loss_scale()
-            if mode == "split" and engine.collector.active:
-                engine.record_statistics(engine.collector.finish(samples=batch, loss_scale=scale))
-            elif mode == "previous":
-                engine.record_statistics(engine.collector.finish_with_previous(loss_scale=scale))
-            if remember:
-                engine.collector.remember(loss_scale=scale)
-        engine.record_step(loss, batch, self._count_tokens(inputs))
+            loss = super().training_step(model, inputs, num_items_in_batch)
+        tokens = count_tokens(inputs, getattr(self.model, "main_input_name", "input_ids"))
+        self.worker.finish_step(plan, loss, batch, tokens)
         return loss
 
-    def _accumulate(self, model, inputs, sizes, num_items_in_batch, collect: bool) -> torch.Tensor:
+    def _accumulate(self, model, inputs, plan: StepPlan, num_items_in_batch) -> torch.Tensor:
         """Forward/backward each chunk inside one optimizer step; the gradient equals the whole batch's.
 
         With `num_items_in_batch` the model normalises every chunk by the whole batch's token count; otherwise the
         Trainer divides each chunk's mean loss by `current_gradient_accumulation_steps`, set here to b / n_j.
         """
-        chunks = _split_batch(inputs, sizes)
+        sizes = list(plan.chunk_sizes)
+        chunks = split_inputs(inputs, sizes)
         batch = sum(sizes)
+        collect = plan.statistics is Statistics.SPLIT
         weights = [n / batch for n in sizes]
         if collect and num_items_in_batch is not None:
             counts = [float(self._get_num_items_in_batch([c], self.args.device)) for c in chunks]
             weights = [c / sum(counts) for c in counts] if sum(counts) > 0 else None
         if collect and weights is not None:
-            self.adloco.collector.start(weights)
+            self.worker.start_statistics(weights)
         saved = getattr(self, "current_gradient_accumulation_steps", 1)
         total = None
         try:
             for index, (chunk, size) in enumerate(zip(chunks, sizes)):
                 if collect and weights is not None:
-                    self.adloco.collector.begin_chunk(index)
+                    self.worker.begin_chunk(index)
                 if num_items_in_batch is None:
                     self.current_gradient_accumulation_steps = batch / size
                 loss = super().training_step(model, chunk, num_items_in_batch)
@@ -213,17 +223,6 @@ class AdLoCoTrainer(Trainer):
         finally:
             self.current_gradient_accumulation_steps = saved
         return total
-
-    def _loss_scale(self) -> float:
-        scaler = self.accelerator.scaler
-        return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
-
-    def _count_tokens(self, inputs) -> torch.Tensor | int:
-        if "attention_mask" in inputs and torch.is_tensor(inputs["attention_mask"]):
-            return inputs["attention_mask"].sum()
-        name = getattr(self.model, "main_input_name", "input_ids")
-        value = inputs.get(name)
-        return value.numel() if torch.is_tensor(value) else 0
 
     def run_probe_step(self, size: int) -> None:
         """Forward and backward on `size` training samples, gradients cleared after (for max_batch_size='auto')."""
@@ -238,7 +237,6 @@ class AdLoCoTrainer(Trainer):
         finally:
             model.zero_grad(set_to_none=True)
 
-    # ---- evaluation: one perplexity per instance ----
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Exact token-weighted loss and perplexity of every model being trained.
 
@@ -255,97 +253,7 @@ class AdLoCoTrainer(Trainer):
             for name, part in dataset.items():
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        self._memory_tracker.start()
-        start = time.time()
-        engine = self.adloco
-        single = engine.final_merged or len(engine.instances) <= 1
-        metrics = {}
-        if single and self.compute_metrics is not None:
-            output = self.evaluation_loop(
-                self.get_eval_dataloader(dataset),
-                "Evaluation",
-                ignore_keys=ignore_keys,
-                metric_key_prefix=metric_key_prefix,
-            )
-            metrics.update({k: v for k, v in output.metrics.items() if k != f"{metric_key_prefix}_loss"})
-        losses = self._evaluation_losses(dataset, single)
-        label = "merged" if engine.final_merged else None
-        if single:
-            loss = losses[next(iter(losses))]
-            metrics[f"{metric_key_prefix}_loss"] = loss
-            metrics[f"{metric_key_prefix}_perplexity"] = _perplexity(loss)
-            evals = [(label if label is not None else next(iter(losses)), loss)]
-        else:
-            demand = {inst.id: inst.demand for inst in engine.instances}
-            for instance_id, loss in losses.items():
-                metrics[f"{metric_key_prefix}_instance_{instance_id}_loss"] = loss
-                metrics[f"{metric_key_prefix}_instance_{instance_id}_perplexity"] = _perplexity(loss)
-            weighted = sum(demand[i] * loss for i, loss in losses.items()) / sum(demand.values())
-            metrics[f"{metric_key_prefix}_loss"] = weighted
-            metrics[f"{metric_key_prefix}_perplexity"] = _perplexity(weighted)
-            evals = list(losses.items())
-        metrics.update(speed_metrics(metric_key_prefix, start, num_samples=len(dataset)))
-        self._write_eval_lines(evals)
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        self._memory_tracker.stop_and_update_metrics(metrics)
-        return metrics
-
-    @torch.no_grad()
-    def _evaluation_losses(self, dataset, single: bool) -> dict[int, float]:
-        """{instance id: mean loss per token (per sample for models without labels to count)} on the whole set."""
-        engine = self.adloco
-        if isinstance(dataset, datasets.Dataset):
-            dataset = self._remove_unused_columns(dataset, description="evaluation")
-            collator = self.data_collator
-        else:
-            collator = self._get_collator_with_removed_columns(self.data_collator, description="evaluation")
-        rank = self.args.process_index
-        if single:
-            group_id, members = (engine.instances[0].id if engine.instances else 0), list(range(self.args.world_size))
-        else:
-            group_id, members = engine.instance.id, list(engine.instance.workers)
-        shard = Subset(dataset, range(members.index(rank), len(dataset), len(members)))
-        loader = DataLoader(shard, batch_size=self.args.eval_batch_size, collate_fn=collator)
-        model = self.model
-        model.eval()
-        loss_sum, count = 0.0, 0.0
-        for inputs in loader:
-            inputs = self._prepare_inputs(inputs)
-            items = self._get_num_items_in_batch([inputs], self.args.device)
-            items = float(items) if items is not None else float(_batch_length(inputs))
-            with self.compute_loss_context_manager():
-                loss = self.compute_loss(
-                    model, inputs, num_items_in_batch=items if self.model_accepts_loss_kwargs else None
-                )
-            # A loss normalised by `items` is a sum over items divided by `items`; a mean loss is multiplied back.
-            loss_sum += float(loss) * items
-            count += items
-        rows = all_gather_rows([group_id, loss_sum, count], self.args.device)
-        totals: dict[int, list[float]] = {}
-        for row in rows:
-            total = totals.setdefault(int(row[0]), [0.0, 0.0])
-            total[0] += row[1]
-            total[1] += row[2]
-        return {i: s / max(c, 1.0) for i, (s, c) in sorted(totals.items())}
-
-    def _write_eval_lines(self, evals: list[tuple[Any, float]]) -> None:
-        if not self.is_world_process_zero():
-            return
-        engine = self.adloco
-        self.adloco.run_log.write_eval(
-            [
-                {
-                    "global_step": self.state.global_step,
-                    "outer_step": engine.outer_step,
-                    "total_tokens": engine.totals["tokens"],
-                    "instance": label,
-                    "eval_loss": loss,
-                    "eval_perplexity": _perplexity(loss),
-                }
-                for label, loss in evals
-            ]
-        )
+        return evaluate_instances(self, self.worker, dataset, ignore_keys, metric_key_prefix)
 
     # ---- checkpoints: per-worker state, written atomically ----
     def _save_checkpoint(self, model, trial) -> None:
@@ -367,7 +275,7 @@ class AdLoCoTrainer(Trainer):
             self._save_optimizer_and_scheduler(staging)
             self._save_scaler(staging)
             self._save_rng_state(staging)
-            save_rank_state(staging, self.args.process_index, self.adloco.state_dict())
+            save_rank_state(staging, self.args.process_index, self.worker.state_dict())
         barrier()
         if self.args.should_save:
             if self.state.best_global_step:
@@ -381,14 +289,7 @@ class AdLoCoTrainer(Trainer):
                 else:
                     self.state.stateful_callbacks[name] = cb.state()
             self.state.save_to_json(os.path.join(staging, TRAINER_STATE_NAME))
-            aside = None
-            if os.path.exists(final_dir):
-                aside = os.path.join(run_dir, f".old-{PREFIX_CHECKPOINT_DIR}-{step}")
-                shutil.rmtree(aside, ignore_errors=True)
-                os.replace(final_dir, aside)
-            os.replace(staging, final_dir)
-            if aside is not None:
-                shutil.rmtree(aside, ignore_errors=True)
+            publish_checkpoint(staging, final_dir)
             rotate_checkpoints(
                 output_dir=run_dir,
                 save_total_limit=self.args.save_total_limit,
@@ -413,7 +314,7 @@ class AdLoCoTrainer(Trainer):
                 "instance state cannot be split or joined)"
             )
         super()._load_from_checkpoint(resume_from_checkpoint, model)
-        self.adloco.load_resume_state(load_rank_state(resume_from_checkpoint, self.args.process_index))
+        self.worker.load_state_dict(load_rank_state(resume_from_checkpoint, self.args.process_index))
 
     def end(self) -> None:
         """Wait for every worker, then finish the trackers and destroy the process groups (call it last).
@@ -425,100 +326,53 @@ class AdLoCoTrainer(Trainer):
         barrier()
         super().end()
 
-    # ---- the merged model ----
+    # ---- merges and the merged model ----
+    def _save_global_weights(self, folder: str, phi: torch.Tensor, *, title: str, extra: dict | None = None) -> str:
+        """Save flat global weights as a `from_pretrained` folder with a model card (on the writing rank)."""
+        card = model_card(title=title, settings=self.args.adloco_settings, summary=self.worker.summary())
+        return save_global_weights(
+            folder,
+            self.accelerator.unwrap_model(self.model),
+            self.worker.global_model.views_of(phi),
+            processing_class=self.processing_class,
+            card=card,
+            extra_files=extra,
+        )
+
+    def _save_merge(self, result: RoundResult) -> None:
+        """`merges/outer-N/` on global rank 0, pushed to the Hub with `push_to_hub=True`."""
+        merge, round_number = result.merge, result.lines[0].outer_step
+        folder = os.path.join(self.args.output_dir, "merges", f"outer-{round_number}")
+        info = merge_record(merge.plan, round_number)
+        title = f"AdLoCo merge at round {round_number}"
+        self._save_global_weights(folder, merge.phi, title=title, extra={"adloco_merge.json": info})
+        if self.args.push_to_hub:
+            push_run_folder(
+                folder,
+                self.args,
+                hub_model_id=self.hub_model_id,
+                path_in_repo=f"merges/outer-{round_number}",
+                commit_message=f"Merge at round {round_number}",
+            )
+
     def save_merged_model(self, output_dir: str | None = None) -> str:
         """Merge the surviving instances (demand-weighted) into every worker's model and save it on rank 0.
 
         Collective: call it on every worker. Training calls it at the end and writes `{output_dir}/merged/`.
         Returns the folder.
         """
-        engine = self.adloco
         folder = output_dir or os.path.join(self.args.output_dir, "merged")
-        engine.merge_instances()
+        self.worker.finish()
         if self.is_world_process_zero():
-            engine.save_weights(folder, engine.global_model.phi.detach(), title="AdLoCo merged model")
+            self._save_global_weights(folder, self.worker.global_model.phi.detach(), title="AdLoCo merged model")
             logger.info("saved the merged model to %s", folder)
         barrier()
         return folder
 
-    def push_merged_to_hub(
-        self,
-        repo_id: str | None = None,
-        *,
-        commit_message: str = "AdLoCo merged model",
-        token: str | None = None,
-        private: bool | None = None,
-        revision: str | None = None,
-    ):
-        """Upload `{output_dir}/merged/` (saved first if missing) to the Hub from global rank 0 (collective)."""
-        folder = os.path.join(self.args.output_dir, "merged")
-        if not os.path.isdir(folder) or not self.adloco.final_merged:
-            self.save_merged_model(folder)
-        result = None
-        if self.is_world_process_zero():
-            result = push_folder(
-                folder,
-                repo_id=repo_id
-                or self.hub_model_id
-                or self.args.hub_model_id
-                or os.path.basename(os.path.abspath(self.args.output_dir)),
-                commit_message=commit_message,
-                token=token if token is not None else self.args.hub_token,
-                private=private if private is not None else self.args.hub_private_repo,
-                revision=revision if revision is not None else self.args.hub_revision,
-            )
-        barrier()
-        return result
-
-    def push_folder_to_hub(self, folder: str, *, path_in_repo: str | None, message: str):
-        """Upload a folder to `hub_model_id` (global rank 0 only; used for merges when `push_to_hub=True`)."""
-        if not self.is_world_process_zero():
-            return None
-        return push_folder(
-            folder,
-            repo_id=self.hub_model_id
-            or self.args.hub_model_id
-            or os.path.basename(os.path.abspath(self.args.output_dir)),
-            path_in_repo=path_in_repo,
-            commit_message=message,
-            token=self.args.hub_token,
-            private=self.args.hub_private_repo,
-            revision=self.args.hub_revision,
-        )
-
-    def push_to_hub(
-        self,
-        commit_message: str | None = "End of training",
-        blocking: bool = True,
-        token=None,
-        revision=None,
-        private=None,
-        **kwargs,
-    ):
-        """The model worth sharing is the merged one: same as `push_merged_to_hub`."""
-        return self.push_merged_to_hub(
-            commit_message=commit_message or "AdLoCo merged model", token=token, revision=revision, private=private
-        )
-
-    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
-        """Create the repo through the same Hub client as every other upload of this trainer."""
-        if not self.is_world_process_zero():
-            return
-        repo_name = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
-        self.hub_model_id = create_hub_repo(
-            repo_name,
-            token=token if token is not None else self.args.hub_token,
-            private=private if private is not None else self.args.hub_private_repo,
-        )
-        self.push_in_progress = None
-
-    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        """Checkpoints hold per-worker resume state and stay local; merges and the merged model go to the Hub."""
-
     def create_model_card(self, *args, **kwargs) -> None:
-        """The merged model's card is written by `save_merged_model`."""
+        """The merged model's card is written by `save_merged_model`; this one goes to `output_dir`."""
         card = model_card(
-            title="AdLoCo merged model", settings=self.args.adloco_settings, summary=self.adloco.summary()
+            title="AdLoCo merged model", settings=self.args.adloco_settings, summary=self.worker.summary()
         )
         if self.is_world_process_zero():
             with open(os.path.join(self.args.output_dir, "README.md"), "w", encoding="utf-8") as f:

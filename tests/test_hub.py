@@ -7,7 +7,7 @@ from helpers import sequence_dataset, tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-import adloco_hf.checkpoint as checkpoint
+import adloco_hf.hub as hub
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 
 
@@ -28,7 +28,7 @@ class FakeHubApi:
 @pytest.fixture
 def fake_hub(monkeypatch):
     api = FakeHubApi()
-    monkeypatch.setattr(checkpoint, "get_hub_api", lambda token=None: api)
+    monkeypatch.setattr(hub, "get_hub_api", lambda token=None: api)
     return api
 
 

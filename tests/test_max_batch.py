@@ -33,7 +33,7 @@ def test_auto_on_cpu_is_the_documented_default(tmp_path):
     )
     trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(64))
     trainer.train()
-    assert trainer.adloco.max_batch_size == CPU_AUTO_MAX_BATCH_SIZE
+    assert trainer.worker.max_batch_size == CPU_AUTO_MAX_BATCH_SIZE
     assert (
         find_max_batch_size(lambda size: None, device=torch.device("cpu"), memory_fraction=0.9, reserve_bytes=0) == 32
     )
@@ -49,7 +49,7 @@ def test_auto_max_batch_on_cuda_fits_and_follows_the_memory_budget(tmp_path):
         model = tiny_model(hidden_size=256, layers=4, vocab_size=64)
         trainer = AdLoCoTrainer(model=model, args=args, train_dataset=sequence_dataset(4096, length=64))
         trainer.train()
-        found = trainer.adloco.max_batch_size
+        found = trainer.worker.max_batch_size
         trainer.run_probe_step(found)  # the size it chose really runs
         torch.cuda.synchronize()
         return found

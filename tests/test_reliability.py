@@ -192,6 +192,6 @@ def test_the_lost_worker_message_says_whether_there_is_a_checkpoint_to_resume(tm
     out = tmp_path / "out"
     args = AdLoCoConfig(output_dir=str(out), use_cpu=True, report_to=[], **{**RESUME_CONFIG, "num_instances": 1})
     trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(64))
-    assert trainer.adloco._resume_hint().startswith("No checkpoint has been saved yet")
+    assert trainer.worker.resume_hint().startswith("No checkpoint has been saved yet")
     (out / "checkpoint-10").mkdir(parents=True)
-    assert f"The last checkpoint ({out / 'checkpoint-10'}) is intact" in trainer.adloco._resume_hint()
+    assert f"The last checkpoint ({out / 'checkpoint-10'}) is intact" in trainer.worker.resume_hint()

@@ -13,7 +13,7 @@ from transformers import Trainer, TrainingArguments, default_data_collator
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.sampler import AdaptiveBatchSampler
-from adloco_hf.switch_mode import plan_batch
+from adloco_hf.switch_mode import Statistics, StepPlan, plan_batch
 
 
 def config(tmp_path, **kwargs):
@@ -126,8 +126,8 @@ def test_accumulated_micro_batches_give_the_whole_batch_gradient(tmp_path, model
 
     args = config(tmp_path, max_batch_size=max_batch, switch_threshold=1.0, batch_size_test="none")
     trainer = AdLoCoTrainer(model=model_factory(), args=args, train_dataset=data)
-    trainer.adloco.plan = plan_batch(batch, max_batch, 1.0)
-    assert trainer.adloco.plan.accumulation_steps > 1
+    trainer.worker.plan = plan_batch(batch, max_batch, 1.0)
+    assert trainer.worker.plan.accumulation_steps > 1
     calls = []
     original = Trainer.training_step
 
@@ -142,7 +142,7 @@ def test_accumulated_micro_batches_give_the_whole_batch_gradient(tmp_path, model
     finally:
         Trainer.training_step = original
     got = torch.cat([p.grad.reshape(-1) for p in trainer.model.parameters()])
-    assert sum(calls) == batch and len(calls) == trainer.adloco.plan.accumulation_steps
+    assert sum(calls) == batch and len(calls) == trainer.worker.plan.accumulation_steps
     assert max(calls) <= max_batch
     assert torch.allclose(got, expected, atol=1e-6, rtol=1e-4)
     assert loss.item() == pytest.approx(reference(**inputs)["loss"].item(), rel=1e-5)
@@ -157,16 +157,17 @@ def test_statistics_step_splits_the_batch_without_changing_the_gradient(tmp_path
     args = config(tmp_path, max_steps=1, inner_steps=1, batch_size_test="norm")
     trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=data)
     trainer.state.max_steps = 1
-    engine = trainer.adloco
+    engine = trainer.worker
+    engine.max_steps = 1
     engine.plan = plan_batch(8, 8)
     from adloco_hf.grad_stats import GradientStatisticsCollector
 
     engine.collector = GradientStatisticsCollector(trainer.model.parameters())
-    assert engine.statistics_plan(0) == ("split", False)
+    assert engine.plan_step(0, 8) == StepPlan((4, 4), Statistics.SPLIT, remember_gradient=False)
     trainer.training_step(trainer.model, inputs, trainer._get_num_items_in_batch([inputs], trainer.args.device))
     got = torch.cat([p.grad.reshape(-1) for p in trainer.model.parameters()])
     assert torch.allclose(got, expected, atol=1e-6, rtol=1e-4)
-    stats = engine._round["stats"]
+    stats = engine.round_statistics
     assert stats is not None and stats.dof == 1 and stats.samples == pytest.approx(8)
     assert stats.grad_sq_norm == pytest.approx(float(expected.double() @ expected.double()), rel=1e-4)
 
@@ -236,7 +237,7 @@ def test_one_sample_batches_measure_noise_with_the_previous_step(tmp_path):
     assert first["stats_dof"] == 1 and first["grad_variance"] is not None and first["grad_variance"] > 0
     assert first["next_batch_size"] > 1  # the noise measured from two one-sample steps grew the batch
     assert lines[1]["stats_dof"] >= 1  # from then on the batch itself is split
-    assert not trainer.adloco.collector.has_previous  # the kept gradient was released
+    assert not trainer.worker.collector.has_previous  # the kept gradient was released
 
 
 @pytest.mark.parametrize("test", ["inner_product", "augmented_inner_product"])

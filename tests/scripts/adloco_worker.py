@@ -45,7 +45,7 @@ class BeforeSync(TrainerCallback):
         if state.global_step % args.inner_steps != 0 and state.global_step % 3 != 1:
             return
         stacked = gather_params(self.trainer.model)
-        for inst in self.trainer.adloco.instances:
+        for inst in self.trainer.worker.instances:
             if len(inst.workers) > 1:
                 members = stacked[list(inst.workers)]
                 assert not all(torch.equal(m, members[0]) for m in members[1:]), (
@@ -68,7 +68,7 @@ class AfterSync(TrainerCallback):
         if state.global_step % args.inner_steps != 0:
             return
         self.rounds += 1
-        engine = self.trainer.adloco
+        engine = self.trainer.worker
         stacked = gather_params(self.trainer.model)
         for inst in engine.instances:
             members = stacked[list(inst.workers)]
@@ -79,7 +79,7 @@ class AfterSync(TrainerCallback):
             args.outer_lr == 1.0
             and args.outer_momentum == 0.0
             and len(engine.instances) == 1
-            and engine.totals["merges"] == 0
+            and engine.totals.merges == 0
         ):
             mean = self.before.pre_sync.double().mean(0).float()
             self.max_mean_error = max(self.max_mean_error, (stacked[0] - mean).abs().max().item())
@@ -102,7 +102,7 @@ class EvalProbe(TrainerCallback):
         self.trainer, self.checks = trainer, []
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        engine = self.trainer.adloco
+        engine = self.trainer.worker
         model = self.trainer.model
         total, count = 0.0, 0
         with torch.no_grad():
@@ -187,11 +187,11 @@ def record_exit_state(path: str) -> None:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     if spec.get("fake_hub"):
-        import adloco_hf.checkpoint as checkpoint
+        import adloco_hf.hub as hub
 
         log = os.path.join(spec["probe_dir"], f"hub-rank{os.environ.get('RANK', '0')}.jsonl")
         os.makedirs(spec["probe_dir"], exist_ok=True)
-        checkpoint.get_hub_api = lambda token=None: FakeHubApi(log)
+        hub.get_hub_api = lambda token=None: FakeHubApi(log)
     args = AdLoCoConfig(
         **{"use_cpu": True, "report_to": [], "disable_tqdm": True, "log_level": "warning", **spec["config"]}
     )
@@ -252,7 +252,7 @@ def main() -> None:
         "lr_factors": after.lr_factors,
         "seen_batches": trainer.seen_batches,
         "eval_checks": probe.checks,
-        "instances": [[i.id, list(i.workers), i.batch_size] for i in trainer.adloco.instances],
+        "instances": [[i.id, list(i.workers), i.batch_size] for i in trainer.worker.instances],
     }
     with open(os.path.join(probe_dir, f"report-rank{rank}.json"), "w") as f:
         json.dump(report, f)

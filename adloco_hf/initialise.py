@@ -1,0 +1,53 @@
+"""What a worker sets up once, when training begins: its instance's initial weights and the largest micro-batch."""
+
+from collections.abc import Callable
+
+import torch
+
+from .config import AdLoCoConfig
+from .distributed import broadcast_tensors
+from .instances import Instance
+from .max_batch import find_max_batch_size
+
+
+__all__ = ["initialise_weights", "reinitialise", "resolve_max_batch_size"]
+
+
+@torch.no_grad()
+def initialise_weights(model: torch.nn.Module, mode: str, *, instance: Instance, rank: int, seed: int, group) -> None:
+    """Shared init (`mode="shared"`): rank 0's weights everywhere. Independent: instance i re-initialised with
+    seed + i on its first worker and broadcast to its other workers over `group` (collective: every rank)."""
+    tensors = list({t.data_ptr(): t for t in model.state_dict().values()}.values())
+    if mode == "shared":
+        broadcast_tensors(tensors, src=0)
+        return
+    if rank == instance.first_worker:
+        reinitialise(model, seed + instance.id)
+    if len(instance.workers) > 1:
+        broadcast_tensors(tensors, src=instance.first_worker, group=group)
+
+
+def reinitialise(model: torch.nn.Module, seed: int) -> None:
+    """Fresh weights for `model` from `seed` (an HF model is rebuilt from its config, others reset module by module)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if hasattr(model, "config") and hasattr(model, "_init_weights"):
+            model.load_state_dict(type(model)(model.config).state_dict())
+        else:
+            for module in model.modules():
+                if hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+
+
+def resolve_max_batch_size(
+    args: AdLoCoConfig, params: list[torch.nn.Parameter], probe_step: Callable[[int], None]
+) -> int:
+    """`max_batch_size` as given, or found by probing (`"auto"`) with room kept for state allocated later."""
+    if args.max_batch_size != "auto":
+        return int(args.max_batch_size)
+    reserve = 2 * sum(p.numel() * p.element_size() for p in params)  # AdamW's moments, allocated at the first step
+    if args.outer_state_device == "device":
+        reserve += 4 * sum(p.numel() for p in params)  # the outer momentum, allocated at the first outer step
+    return find_max_batch_size(
+        probe_step, device=args.device, memory_fraction=args.memory_fraction, reserve_bytes=reserve
+    )

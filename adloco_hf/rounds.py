@@ -1,0 +1,388 @@
+"""One round's decision, as pure functions over typed records: no process group, no Trainer, no model.
+
+At the end of every round each worker contributes a `WorkerReport` to one all-gather; every rank then calls
+`decide_round` on the same reports and so takes the same decisions: each instance's next batch request (the
+batch-size test on the pooled gradient statistics), whether a merge is due and which, and the `RoundLine` that
+`adloco_rounds.jsonl` records for every instance. `AdLoCoState` is the run's running totals, the typed view users
+read as `trainer.adloco_state`.
+"""
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .batch_size import GradientStatistics, PooledStatistics, next_batch_size, pool_statistics
+from .instances import Instance, MergePlan, merge_is_due, plan_merge
+from .lr_scaling import lr_factor
+from .outer import ring_all_reduce_bytes
+from .report import format_bytes
+from .switch_mode import plan_batch
+
+
+__all__ = [
+    "AdLoCoState",
+    "MergeResult",
+    "RoundResult",
+    "RoundDecision",
+    "RoundLine",
+    "RoundRules",
+    "RunTotals",
+    "WorkerReport",
+    "decide_round",
+    "merge_record",
+    "round_logs",
+    "round_message",
+    "run_summary",
+]
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """What one worker tells every other at the end of a round (one row of the round-end all-gather)."""
+
+    instance: int
+    stats: GradientStatistics
+    loss_sum: float
+    loss_steps: int
+    samples: int
+    tokens: float
+    pseudo_grad_norm: float
+    payload_bytes: int
+    comm_seconds: float
+    outer_seconds: float
+    skipped: bool
+
+    _SCALARS = (
+        "loss_sum",
+        "loss_steps",
+        "samples",
+        "tokens",
+        "pseudo_grad_norm",
+        "payload_bytes",
+        "comm_seconds",
+        "outer_seconds",
+        "skipped",
+    )
+
+    def to_row(self) -> list[float]:
+        """The flat row of floats the all-gather carries."""
+        return [float(self.instance), *self.stats.as_list(), *(float(getattr(self, k)) for k in self._SCALARS)]
+
+    @classmethod
+    def from_row(cls, row: list[float]) -> "WorkerReport":
+        width = len(GradientStatistics.FIELDS)
+        stats = GradientStatistics.from_list(row[1 : 1 + width])
+        values = dict(zip(cls._SCALARS, row[1 + width :]))
+        return cls(
+            instance=int(row[0]),
+            stats=stats,
+            loss_sum=values["loss_sum"],
+            loss_steps=int(values["loss_steps"]),
+            samples=int(values["samples"]),
+            tokens=values["tokens"],
+            pseudo_grad_norm=values["pseudo_grad_norm"],
+            payload_bytes=int(values["payload_bytes"]),
+            comm_seconds=values["comm_seconds"],
+            outer_seconds=values["outer_seconds"],
+            skipped=bool(values["skipped"]),
+        )
+
+
+@dataclass(frozen=True)
+class RoundRules:
+    """The settings a round's decision depends on (taken from `AdLoCoConfig` and the resolved micro-batch limit)."""
+
+    batch_size_test: str
+    eta: float
+    theta: float
+    nu: float
+    max_batch_size: int
+    switch_threshold: float
+    request_cap: int | None
+    merge_every: int
+    merge_policy: str
+    lr_batch_scaling: str = "none"
+    reference_batch_size: int = 1
+
+    @classmethod
+    def from_args(cls, args, *, max_batch_size: int, shard_size: int) -> "RoundRules":
+        """From an `AdLoCoConfig`; a request is capped by `batch_size_cap` and by a worker's data shard."""
+        cap = shard_size if args.batch_size_cap is None else min(args.batch_size_cap, shard_size)
+        return cls(
+            batch_size_test=args.batch_size_test,
+            eta=args.eta,
+            theta=args.theta,
+            nu=args.nu,
+            max_batch_size=max_batch_size,
+            switch_threshold=args.switch_threshold,
+            request_cap=cap,
+            merge_every=args.merge_every,
+            merge_policy=args.merge_policy,
+            lr_batch_scaling=args.lr_batch_scaling,
+            reference_batch_size=args.per_device_train_batch_size,
+        )
+
+
+@dataclass
+class RoundLine:
+    """One line of `adloco_rounds.jsonl`: one instance in one round (the DESIGN §4 keys and a few more)."""
+
+    outer_step: int
+    global_step: int
+    instance: int
+    workers: list[int]
+    batch_size: int
+    next_batch_size: int
+    micro_batch_size: int
+    accumulation_steps: int
+    lr_factor: float
+    samples: int
+    tokens: int
+    train_loss: float
+    grad_variance: float
+    grad_sq_norm: float
+    grad_ip_variance: float
+    grad_orth_variance: float
+    stats_dof: float
+    pseudo_grad_norm: float
+    comm_bytes: int
+    comm_seconds: float
+    outer_seconds: float
+    merged_from: list[int] = field(default_factory=list)
+    skipped: bool = False
+    merge_bytes: int | None = None  # the merge's bytes, on the survivor's line only
+    merge_seconds: float = 0.0
+    num_instances: int = 0
+    total_tokens: int = 0
+    elapsed_seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        line = asdict(self)
+        if line["merge_bytes"] is None:
+            del line["merge_bytes"]
+        return line
+
+
+@dataclass(frozen=True)
+class RoundDecision:
+    """What every rank decided from the same reports: the round's lines, the table after it and the merge, if due."""
+
+    lines: dict[int, RoundLine]
+    instances: list[Instance]
+    merge: MergePlan | None
+
+
+def _line(
+    inst: Instance,
+    members: list[WorkerReport],
+    pooled: PooledStatistics,
+    next_batch: int,
+    *,
+    outer_step: int,
+    global_step: int,
+    rules: RoundRules,
+) -> RoundLine:
+    plan = plan_batch(inst.batch_size, rules.max_batch_size, rules.switch_threshold)
+    steps = sum(m.loss_steps for m in members)
+    return RoundLine(
+        outer_step=outer_step,
+        global_step=global_step,
+        instance=inst.id,
+        workers=list(inst.workers),
+        batch_size=inst.batch_size,
+        next_batch_size=next_batch,
+        micro_batch_size=plan.micro_batch_size,
+        accumulation_steps=plan.accumulation_steps,
+        lr_factor=lr_factor(rules.lr_batch_scaling, plan.batch_size, rules.reference_batch_size),
+        samples=int(sum(m.samples for m in members)),
+        tokens=int(sum(m.tokens for m in members)),
+        train_loss=sum(m.loss_sum for m in members) / steps if steps else math.nan,
+        grad_variance=pooled.variance,
+        grad_sq_norm=pooled.grad_sq_norm,
+        grad_ip_variance=pooled.ip_variance,
+        grad_orth_variance=pooled.orth_variance,
+        stats_dof=pooled.dof,
+        pseudo_grad_norm=members[0].pseudo_grad_norm,
+        comm_bytes=ring_all_reduce_bytes(members[0].payload_bytes, len(inst.workers)),
+        comm_seconds=max(m.comm_seconds for m in members),
+        outer_seconds=max(m.outer_seconds for m in members),
+        skipped=any(m.skipped for m in members),
+    )
+
+
+def decide_round(
+    instances: list[Instance],
+    reports: list[WorkerReport],
+    *,
+    outer_step: int,
+    global_step: int,
+    rules: RoundRules,
+) -> RoundDecision:
+    """Every instance's next request and round line, and the merge if one is due (pure; the same on every rank).
+
+    Args:
+        instances: the table during the round that just ended.
+        reports: one per global rank, in rank order.
+        outer_step: the 1-based number of the round that just ended.
+        global_step: the Trainer's step at its end.
+        rules: the settings the decision depends on.
+
+    A skipped round (a non-finite pseudo-gradient on any worker of the instance) keeps the instance's request. A
+    merge, when due, is planned on the table with the new requests; `merged_from` is set on the survivor's line.
+    """
+    lines, decided = {}, []
+    for inst in instances:
+        members = [reports[r] for r in inst.workers]
+        pooled = pool_statistics([m.stats for m in members])
+        next_batch = inst.batch_size
+        if not any(m.skipped for m in members):
+            next_batch = next_batch_size(
+                rules.batch_size_test,
+                pooled,
+                current=inst.batch_size,
+                num_workers=len(inst.workers),
+                eta=rules.eta,
+                theta=rules.theta,
+                nu=rules.nu,
+                cap=rules.request_cap,
+            )
+        lines[inst.id] = _line(
+            inst, members, pooled, next_batch, outer_step=outer_step, global_step=global_step, rules=rules
+        )
+        decided.append(inst.with_batch_size(next_batch))
+    merge = None
+    if merge_is_due(outer_step, rules.merge_every, len(decided)):
+        merge = plan_merge(decided, policy=rules.merge_policy, num_workers=len(reports))
+        decided = list(merge.after)
+        lines[merge.survivor].merged_from = [merge.merged]
+    return RoundDecision(lines=lines, instances=decided, merge=merge)
+
+
+@dataclass
+class RunTotals:
+    """Running totals of a worker's run, saved in its checkpoints (the keys of the `totals` entry)."""
+
+    tokens: int = 0
+    comm_bytes: int = 0
+    skipped_rounds: int = 0
+    merges: int = 0
+    elapsed: float = 0.0
+
+
+@dataclass(frozen=True)
+class AdLoCoState:
+    """Where an AdLoCo run stands (`trainer.adloco_state`), the same on every worker after each round.
+
+    Attributes:
+        rounds: completed rounds (outer steps).
+        last_round_step: the Trainer's global step at which the last round ended (0 before the first).
+        tokens: tokens trained by all workers together.
+        comm_bytes: bytes sent by all workers together (outer steps, merges, the final merge).
+        merges: merges so far.
+        skipped_rounds: instance-rounds skipped for a non-finite pseudo-gradient.
+        elapsed_seconds: training time, across resumes.
+        num_instances: instances training now.
+        batch_sizes: instance id → per-worker request for the next round.
+        workers: instance id → its workers' global ranks.
+        final_merged: whether the instances have been merged into the final model.
+    """
+
+    rounds: int
+    last_round_step: int
+    tokens: int
+    comm_bytes: int
+    merges: int
+    skipped_rounds: int
+    elapsed_seconds: float
+    num_instances: int
+    batch_sizes: dict[int, int]
+    workers: dict[int, tuple[int, ...]]
+    final_merged: bool = False
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """A merge that happened at a round's end. `phi` holds the merged weights on global rank 0 (to save), else None."""
+
+    plan: MergePlan
+    bytes: int
+    seconds: float
+    phi: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What a round's end did: one line per instance that trained in it, and the merge, if any."""
+
+    lines: list[RoundLine]
+    merge: MergeResult | None = None
+    instances: list[Instance] = field(default_factory=list)
+
+
+def run_summary(state: AdLoCoState, world_size: int) -> dict[str, Any]:
+    """The run in a few numbers, for model cards."""
+    return {
+        "rounds": state.rounds,
+        "inner steps": state.last_round_step,
+        "workers": world_size,
+        "instances at the end": state.num_instances,
+        "final per-worker batch sizes": dict(state.batch_sizes),
+        "merges": state.merges,
+        "tokens": state.tokens,
+        "bytes communicated": state.comm_bytes,
+        "skipped rounds": state.skipped_rounds,
+    }
+
+
+def round_message(lines: list[RoundLine], num_instances: int, merge: MergePlan | None) -> str:
+    """The one log line of a round, e.g. `round 3 (step 60) | instances 2 | batch i0=4→6 | loss 5.1 | sent 3.8 MiB`."""
+    batches = ", ".join(f"i{line.instance}={line.batch_size}→{line.next_batch_size}" for line in lines)
+    losses = [line.train_loss for line in lines if line.train_loss is not None]
+    message = (
+        f"round {lines[0].outer_step} (step {lines[0].global_step}) | instances {num_instances} | "
+        f"batch {batches} | loss {min(losses) if losses else float('nan'):.4f} | "
+        f"sent {format_bytes(sum(line.comm_bytes for line in lines))}"
+    )
+    if merge is not None:
+        message += f" | merged {merge.merged}→{merge.survivor} (weights {merge.weights[0]:.2f}/{merge.weights[1]:.2f})"
+    skipped = [line.instance for line in lines if line.skipped]
+    if skipped:
+        message += f" | SKIPPED (non-finite) {skipped}"
+    return message
+
+
+def round_logs(lines: list[RoundLine], state: AdLoCoState, instances: list[Instance]) -> dict[str, float]:
+    """The `adloco/*` values a round adds to the Trainer's logs (TensorBoard, W&B, ...)."""
+    world_size = sum(len(i.workers) for i in instances)
+    demand = {inst.id: inst.demand for inst in instances}
+    logs = {
+        "adloco/round": state.rounds,
+        "adloco/num_instances": state.num_instances,
+        "adloco/batch_size": sum(i.batch_size * len(i.workers) for i in instances) / world_size,
+        "adloco/comm_bytes": state.comm_bytes,
+        "adloco/tokens": state.tokens,
+        "adloco/skipped_rounds": state.skipped_rounds,
+    }
+    variances = [(line.grad_variance, demand.get(line.instance, 0.0)) for line in lines]
+    finite = [(v, d) for v, d in variances if v is not None and math.isfinite(v)]
+    if finite and sum(d for _, d in finite) > 0:
+        logs["adloco/grad_variance"] = sum(v * d for v, d in finite) / sum(d for _, d in finite)
+    for line in lines:
+        prefix = f"adloco/instance_{line.instance}"
+        logs[f"{prefix}/batch_size"] = line.next_batch_size
+        if line.train_loss is not None and math.isfinite(line.train_loss):
+            logs[f"{prefix}/train_loss"] = line.train_loss
+    return logs
+
+
+def merge_record(plan: MergePlan, outer_step: int) -> dict[str, Any]:
+    """`adloco_merge.json` of a merge folder (DESIGN §4): instances, demands and weights in the same order."""
+    return {
+        "outer_step": outer_step,
+        "instances": [plan.survivor, plan.merged],
+        "demands": list(plan.demands),
+        "weights": list(plan.weights),
+        "survivor": plan.survivor,
+    }

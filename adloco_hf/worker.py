@@ -1,0 +1,411 @@
+"""`Worker`: this process's part of AdLoCo, and the one way through a round.
+
+A worker trains its own copy of its instance's model; the Trainer runs the inner steps and calls the worker at four
+points:
+
+1. `start` (training begins): instance table, process groups, shared or per-instance initial weights, φ, the batch
+   plan; or the state a checkpoint saved (`load_state_dict` before, applied here).
+2. `plan_step` / `finish_step` (every inner step): how the step is cut into micro-batches (switch mode) and where its
+   gradient statistics come from, then the step's loss, samples and tokens.
+3. `end_round` (every `inner_steps` steps): outer step inside the instance, one all-gather of every worker's
+   `WorkerReport`, `rounds.decide_round` (the same on every rank), the merge if one is due, the next batch plan, the
+   round's lines in `adloco_rounds.jsonl`.
+4. `finish` (end of training): the surviving instances averaged into one model on every worker.
+
+The worker never sees the Trainer: it is handed the model, inner optimizer, scheduler, sampler and scaler.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from . import merging
+from .batch_size import GradientStatistics
+from .checkpoint import remove_stale_staging, resume_hint
+from .config import AdLoCoConfig
+from .distributed import (
+    ProcessGroupCache,
+    WorkerMonitor,
+    all_gather_rows,
+    check_models_match,
+    destroy_process_groups_at_exit,
+    get_rank,
+    get_world_size,
+)
+from .grad_stats import GradientStatisticsCollector
+from .initialise import initialise_weights, resolve_max_batch_size
+from .instances import Instance, MergePlan, initial_instances, instance_of, plan_transfers
+from .lr_scaling import apply_lr_factor, check_scheduler, lr_factor
+from .outer import DTYPES, GlobalModel
+from .rounds import (
+    AdLoCoState,
+    MergeResult,
+    RoundResult,
+    RoundRules,
+    RunTotals,
+    WorkerReport,
+    decide_round,
+    round_message,
+    run_summary,
+)
+from .run_log import RunLog
+from .switch_mode import BatchPlan, Statistics, StepPlan, plan_batch, plan_step
+
+
+__all__ = ["Worker"]
+
+logger = logging.getLogger(__name__)
+
+INNER_PRODUCT_TESTS = ("inner_product", "augmented_inner_product")
+
+
+@dataclass
+class _RoundTally:
+    """This worker's running numbers inside the current round."""
+
+    loss_sum: torch.Tensor | float = 0.0
+    loss_steps: int = 0
+    samples: int = 0
+    tokens: torch.Tensor | int = 0
+    stats: GradientStatistics | None = None
+
+
+class Worker:
+    """This process's AdLoCo state: its instance, φ and outer optimizer, batch plan, statistics and run totals.
+
+    Args:
+        args: the run's [`AdLoCoConfig`].
+    """
+
+    def __init__(self, args: AdLoCoConfig):
+        self.args = args
+        self.rank = get_rank()
+        self.world_size = get_world_size()
+        self.groups = ProcessGroupCache(timeout=args.worker_timeout)
+        self.run_log = RunLog(args.output_dir)
+        self.monitor: WorkerMonitor | None = None
+        self.instances: list[Instance] = []
+        self.global_model: GlobalModel | None = None
+        self.collector: GradientStatisticsCollector | None = None
+        self.max_batch_size: int | None = None
+        self.plan: BatchPlan | None = None
+        self.outer_step = 0
+        self.last_synced_step = 0
+        self.final_merged = False
+        self.totals = RunTotals()
+        self._tally = _RoundTally()
+        self._pending: dict[str, Any] | None = None  # a checkpoint's state, applied by `start`
+        self._train_start = time.time()
+        self._base_lrs: list[float] = []  # the scheduler's rates before lr_batch_scaling
+        self._model = self._optimizer = self._scheduler = self._sampler = self._scaler = None
+        self.max_steps = 0  # the Trainer's, set by `start`: the last round may end early
+
+    # ---- start ----
+    def start(
+        self,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler,
+        sampler,
+        scaler,
+        max_steps: int,
+        global_step: int,
+        probe_step: Callable[[int], None],
+    ) -> None:
+        """Set up (or restore) this worker's AdLoCo state when training begins (collective: every rank)."""
+        self._model, self._optimizer, self._scheduler = model, optimizer, lr_scheduler
+        self._sampler, self._scaler, self.max_steps = sampler, scaler, max_steps
+        destroy_process_groups_at_exit()
+        self.monitor = WorkerMonitor(self.args.worker_timeout)
+        self.monitor.check("start of training")
+        if self.rank == 0:
+            remove_stale_staging(self.args.output_dir)
+        check_models_match(model, self.args.device)
+        self.collector = GradientStatisticsCollector(
+            model.parameters(), inner_products=self.args.batch_size_test in INNER_PRODUCT_TESTS
+        )
+        if self.args.lr_batch_scaling != "none":
+            check_scheduler(lr_scheduler)
+        self._base_lrs = list(getattr(lr_scheduler, "base_lrs", []))
+        resume = self._pending
+        if resume is None:
+            self.instances = initial_instances(
+                self.world_size, self.args.num_instances, self.args.per_device_train_batch_size
+            )
+            self._refresh_groups()
+            inst = self.instance
+            group = self.groups.get(inst.workers) if len(inst.workers) > 1 else None
+            initialise_weights(
+                model, self.args.instance_init, instance=inst, rank=self.rank, seed=self.args.seed, group=group
+            )
+        else:
+            self.instances = [Instance(i, tuple(w), b, d) for i, b, d, w in resume["instances"]]
+            self._refresh_groups()
+        outer_device = torch.device("cpu") if self.args.outer_state_device == "cpu" else self.args.device
+        self.global_model = GlobalModel(
+            self._trainable(),
+            device=outer_device,
+            lr=self.args.outer_lr,
+            momentum=self.args.outer_momentum,
+            nesterov=self.args.outer_nesterov,
+        )
+        if resume is None:
+            self.max_batch_size = resolve_max_batch_size(self.args, self._trainable(), probe_step)
+            self._train_start = time.time()
+        else:
+            self._restore(resume)
+        self._apply_plan()
+        if self.rank == 0:
+            self.run_log.start(
+                resumed_outer_step=None if resume is None else self.outer_step,
+                resumed_global_step=None if resume is None else global_step,
+            )
+            logger.info(
+                f"AdLoCo: {self.world_size} workers, {len(self.instances)} instances, {self.args.inner_steps} inner "
+                f"steps per round, initial batch {self.args.per_device_train_batch_size} per worker, max micro-batch "
+                f"{self.max_batch_size}, batch-size test {self.args.batch_size_test}"
+            )
+
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self._model.parameters() if p.requires_grad]
+
+    def _refresh_groups(self) -> None:
+        # Every rank creates the groups of every instance, in id order: new_group is collective.
+        for inst in sorted(self.instances, key=lambda x: x.id):
+            self.groups.get(inst.workers)
+
+    @property
+    def instance(self) -> Instance:
+        """The instance this worker trains now."""
+        return instance_of(self.instances, self.rank)
+
+    @property
+    def rules(self) -> RoundRules:
+        """The settings of every round's decision; a request never exceeds this worker's data shard either."""
+        return RoundRules.from_args(self.args, max_batch_size=self.max_batch_size, shard_size=self._sampler.shard_size)
+
+    def _apply_plan(self) -> None:
+        """The batch of this worker's next round: to the sampler, and to the learning rate if it follows the batch."""
+        self.plan = plan_batch(self.instance.batch_size, self.max_batch_size, self.args.switch_threshold)
+        self._sampler.batch_size = self.plan.batch_size
+        if self.args.lr_batch_scaling != "none":
+            factor = lr_factor(self.args.lr_batch_scaling, self.plan.batch_size, self.args.per_device_train_batch_size)
+            apply_lr_factor(self._optimizer, self._scheduler, self._base_lrs, factor)
+
+    # ---- inner steps ----
+    def is_round_end(self, step: int) -> bool:
+        """Whether the round ends after `step` inner steps (the last round may be cut short by max_steps)."""
+        return step % self.args.inner_steps == 0 or step >= self.max_steps
+
+    def plan_step(self, step: int, batch: int) -> StepPlan:
+        """How to run the inner step about to start (0-based `step`) on a batch of `batch` samples."""
+        return plan_step(
+            batch,
+            self.plan,
+            measure=self.args.batch_size_test != "none" and self.collector is not None,
+            last_of_round=self.is_round_end(step + 1),
+            next_last_of_round=self.is_round_end(step + 2),
+            has_previous=self.collector is not None and self.collector.has_previous,
+        )
+
+    def start_statistics(self, chunk_weights: list[float]) -> None:
+        """The step's chunks are about to run as statistics groups with these weights (summing to 1)."""
+        self.collector.start(chunk_weights)
+
+    def begin_chunk(self, index: int) -> None:
+        self.collector.begin_chunk(index)
+
+    def finish_step(self, plan: StepPlan, loss: torch.Tensor, samples: int, tokens: torch.Tensor | int) -> None:
+        """Close a step: its statistics (if it measured any), and its loss, samples and tokens for the round."""
+        if plan.statistics is not Statistics.NONE or plan.remember_gradient:
+            scale = self._loss_scale()
+            if plan.statistics is Statistics.SPLIT and self.collector.active:
+                self._tally.stats = self.collector.finish(samples=samples, loss_scale=scale)
+            elif plan.statistics is Statistics.PREVIOUS:
+                self._tally.stats = self.collector.finish_with_previous(loss_scale=scale)
+            if plan.remember_gradient:
+                self.collector.remember(loss_scale=scale)
+        tally = self._tally
+        tally.loss_sum = tally.loss_sum + loss.detach().float()
+        tally.loss_steps += 1
+        tally.samples += samples
+        tally.tokens = tally.tokens + tokens
+
+    @property
+    def round_statistics(self) -> GradientStatistics | None:
+        """The gradient statistics this worker measured in the current round (None until its statistics step)."""
+        return self._tally.stats
+
+    def _loss_scale(self) -> float:
+        scaler = self._scaler
+        return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+
+    # ---- end of a round ----
+    def end_round(self, global_step: int) -> RoundResult:
+        """Outer step, decisions from the all-gathered reports, merge if due, logs (every rank, same order)."""
+        self.monitor.check(f"round {self.outer_step + 1} (step {global_step})", self.resume_hint)
+        self.outer_step += 1
+        inst = self.instance
+        started = time.perf_counter()
+        result = self.global_model.outer_step(
+            group=self.groups.get(inst.workers),
+            num_workers=len(inst.workers),
+            dtype=DTYPES[self.args.pseudo_grad_dtype],
+        )
+        if result.skipped:
+            self._clean_inner_optimizer()
+        tally = self._tally
+        report = WorkerReport(
+            instance=inst.id,
+            stats=tally.stats or GradientStatistics.missing(),
+            loss_sum=float(tally.loss_sum),
+            loss_steps=tally.loss_steps,
+            samples=tally.samples,
+            tokens=float(tally.tokens),
+            pseudo_grad_norm=result.pseudo_grad_norm,
+            payload_bytes=result.payload_bytes,
+            comm_seconds=result.seconds,
+            outer_seconds=time.perf_counter() - started,
+            skipped=result.skipped,
+        )
+        reports = [WorkerReport.from_row(row) for row in all_gather_rows(report.to_row(), self.args.device)]
+        decision = decide_round(
+            self.instances, reports, outer_step=self.outer_step, global_step=global_step, rules=self.rules
+        )
+        merge = None
+        if decision.merge is not None:
+            merge = self._merge(decision.merge)
+            survivor = decision.lines[merge.plan.survivor]
+            survivor.comm_bytes += merge.bytes
+            survivor.merge_bytes = merge.bytes
+            survivor.merge_seconds = merge.seconds
+        self.instances = decision.instances
+        if merge is not None:
+            self._refresh_groups()
+        lines = [decision.lines[i] for i in sorted(decision.lines)]
+        self.totals.tokens += int(sum(r.tokens for r in reports))
+        self.totals.comm_bytes += sum(line.comm_bytes for line in lines)
+        self.totals.skipped_rounds += sum(1 for line in lines if line.skipped)
+        elapsed = self.totals.elapsed + time.time() - self._train_start
+        for line in lines:
+            line.num_instances, line.total_tokens, line.elapsed_seconds = (
+                len(self.instances),
+                self.totals.tokens,
+                elapsed,
+            )
+        self._apply_plan()
+        self._tally = _RoundTally()
+        self.last_synced_step = global_step
+        if self.rank == 0:
+            self.run_log.write_rounds([line.to_json() for line in lines])
+            logger.info(round_message(lines, len(self.instances), None if merge is None else merge.plan))
+        return RoundResult(lines=lines, merge=merge, instances=list(self.instances))
+
+    def resume_hint(self) -> str:
+        """What to do after a lost worker: named only when it happens (it lists the output folder)."""
+        return resume_hint(self.args.output_dir)
+
+    def _clean_inner_optimizer(self) -> None:
+        """After a skipped round, non-finite inner-optimizer moments would poison every later step: zero them."""
+        for values in self._optimizer.state.values():
+            for value in values.values():
+                if torch.is_tensor(value) and value.is_floating_point():
+                    torch.nan_to_num_(value, nan=0.0, posinf=0.0, neginf=0.0)
+
+    def _merge(self, plan: MergePlan) -> MergeResult:
+        started = time.perf_counter()
+        transfers = plan_transfers(plan, writer_rank=0, save=self.args.save_merges)
+        outcome = merging.execute_merge(
+            plan,
+            transfers,
+            rank=self.rank,
+            global_model=self.global_model,
+            inner_optimizer=self._optimizer,
+            with_momentum=self.args.outer_momentum > 0,
+        )
+        if outcome.changed_instance:
+            self.collector.forget()
+        moved = all_gather_rows([outcome.sent_bytes, time.perf_counter() - started], self.args.device)
+        self.totals.merges += 1
+        phi = outcome.merged_phi if self.rank == 0 and self.args.save_merges else None
+        return MergeResult(plan, int(sum(r[0] for r in moved)), max(r[1] for r in moved), phi)
+
+    # ---- end of training ----
+    def finish(self) -> None:
+        """Turn the surviving instances into one model on every worker (collective; idempotent)."""
+        if self.final_merged:
+            return
+        sent = merging.final_merge(self.instances, rank=self.rank, global_model=self.global_model)
+        self.totals.comm_bytes += int(sum(r[0] for r in all_gather_rows([sent], self.args.device)))
+        self.final_merged = True
+
+    @property
+    def state(self) -> AdLoCoState:
+        """Where the run stands (see [`AdLoCoState`])."""
+        return AdLoCoState(
+            rounds=self.outer_step,
+            last_round_step=self.last_synced_step,
+            tokens=self.totals.tokens,
+            comm_bytes=self.totals.comm_bytes,
+            merges=self.totals.merges,
+            skipped_rounds=self.totals.skipped_rounds,
+            elapsed_seconds=self.totals.elapsed + time.time() - self._train_start,
+            num_instances=len(self.instances),
+            batch_sizes={i.id: i.batch_size for i in self.instances},
+            workers={i.id: i.workers for i in self.instances},
+            final_merged=self.final_merged,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The run in a few numbers, for model cards."""
+        return run_summary(self.state, self.world_size)
+
+    # ---- checkpoints ----
+    def state_dict(self) -> dict[str, Any]:
+        """This worker's resume state: instance table, φ and momentum, inner optimizer, sampler, scaler, totals."""
+        elapsed = self.totals.elapsed + time.time() - self._train_start
+        return {
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "outer_step": self.outer_step,
+            "last_synced_step": self.last_synced_step,
+            "instances": [[i.id, i.batch_size, i.demand, list(i.workers)] for i in self.instances],
+            "max_batch_size": self.max_batch_size,
+            "base_lrs": self._base_lrs,
+            "global_model": self.global_model.state_dict(),
+            "inner_optimizer": self._optimizer.state_dict(),
+            "sampler": self._sampler.state_dict(),
+            "scaler": None if self._scaler is None else self._scaler.state_dict(),
+            "totals": {**asdict(self.totals), "elapsed": elapsed},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Keep a checkpoint's state until `start` (models and optimizers are set up in between)."""
+        if state["world_size"] != self.world_size:
+            raise ValueError(
+                f"the checkpoint was written by {state['world_size']} workers but this run has {self.world_size}; "
+                f"resume with {state['world_size']} processes (per-worker optimizer, data and instance state "
+                "cannot be split or joined)"
+            )
+        self._pending = state
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.outer_step = int(state["outer_step"])
+        self.last_synced_step = int(state["last_synced_step"])
+        self.max_batch_size = int(state["max_batch_size"])
+        # The scheduler was loaded from rank 0's files, scaled for rank 0's batch: start again from the unscaled rates.
+        self._base_lrs = list(state.get("base_lrs") or self._base_lrs)
+        self.totals = RunTotals(**state["totals"])
+        self._train_start = time.time()
+        self.global_model.load_state_dict(state["global_model"])
+        self.global_model.copy_to_params()
+        self._optimizer.load_state_dict(state["inner_optimizer"])
+        self._sampler.load_state_dict(state["sampler"])
+        if self._scaler is not None and state["scaler"] is not None:
+            self._scaler.load_state_dict(state["scaler"])
+        self._pending = None
