@@ -5,7 +5,13 @@ import pytest
 import torch
 
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+# The tests import `helpers` (tests/) and the benchmarks' package `recipes.benchmarks` (the repository root); neither
+# is part of the installed library. (pytest's `pythonpath = [".", "tests"]` setting would do the same.)
+for folder in (REPO, TESTS):
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,13 +1,31 @@
-"""Shared pieces of the test suite: tiny models built from configs, learnable synthetic data, launching workers."""
+"""Shared pieces of the test suite: tiny models built from configs, learnable synthetic data, launching workers.
+
+Launching and the tiny models come from `adloco_hf.testing` (shared with the benchmarks); what is only the tests'
+(the contract keys, the synthetic data) lives here.
+"""
 
 import os
-import socket
-import subprocess
-import sys
 
 import datasets
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+
+from adloco_hf.testing import WorkersResult, free_port, launch_command, run_workers
+from adloco_hf.testing import tiny_llama as tiny_model
+from adloco_hf.testing import tiny_llama_config as tiny_config
+
+
+__all__ = [
+    "CONTRACT_ROUND_KEYS",
+    "REPO",
+    "SCRIPTS",
+    "TESTS",
+    "flat_params",
+    "free_port",
+    "launch",
+    "sequence_dataset",
+    "tiny_config",
+    "tiny_model",
+]
 
 
 # DESIGN §4's keys of adloco_rounds.jsonl, written out here on purpose: a contract test must not read the list it checks.
@@ -19,25 +37,9 @@ CONTRACT_ROUND_KEYS = frozenset(
     }
 )  # fmt: skip
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(REPO, "tests", "scripts")
-
-
-def tiny_config(vocab_size: int = 64, hidden_size: int = 32, layers: int = 2) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-
-
-def tiny_model(seed: int = 0, **kwargs) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(tiny_config(**kwargs))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+SCRIPTS = os.path.join(TESTS, "scripts")
 
 
 def sequence_dataset(n: int = 512, length: int = 32, vocab_size: int = 64, seed: int = 1) -> datasets.Dataset:
@@ -56,44 +58,11 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().float().reshape(-1) for p in model.parameters() if p.requires_grad])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def launch(script: str, *args: str, num_processes: int, timeout: int = 300, env: dict | None = None) -> WorkersResult:
+    """`accelerate launch --multi_gpu` with gloo on CPU (DESIGN §6); fails the test with the workers' output.
 
-
-def launch(script: str, *args: str, num_processes: int, timeout: int = 300, env: dict | None = None):
-    """`accelerate launch --multi_gpu` with gloo on CPU (DESIGN §6); fails the test with the workers' output."""
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        str(num_processes),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        script,
-        *args,
-    ]
-    full_env = {
-        **os.environ,
-        "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        "OMP_NUM_THREADS": "1",
-    }
-    full_env.update(env or {})
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
-    except subprocess.TimeoutExpired as error:
-        raise AssertionError(f"workers did not finish in {timeout}s:\n{error.stdout}\n{error.stderr}") from error
-    if result.returncode != 0:
-        raise AssertionError(
-            f"workers failed (exit {result.returncode}):\n{result.stdout[-8000:]}\n{result.stderr[-8000:]}"
-        )
-    return result
+    The workers run from the repository root with it and `tests/` on `PYTHONPATH` (worker scripts import
+    `helpers`), one OpenMP thread each.
+    """
+    command = launch_command(script, *args, num_processes=num_processes)
+    return run_workers(command, timeout=timeout, env=env, cwd=REPO, pythonpath=[REPO, TESTS], threads=1)

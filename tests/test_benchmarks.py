@@ -1,34 +1,25 @@
-"""The benchmarks' own arithmetic (fast) and one end-to-end run of each script (slow).
+"""The benchmarks' own arithmetic (fast), the launcher they share with the tests, and one end-to-end run of each
+benchmark (slow).
 
-Benchmarks are not tests of the library: these only check that what they report is computed right.
+Benchmarks are not tests of the library: these only check that what they report is computed right. They are the
+package `recipes.benchmarks`, run from the repository root as `python -m recipes.benchmarks.<name>`.
 """
 
-import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
+
+from adloco_hf.testing import WorkersFailed, free_port, launch_command, run_workers, tiny_llama, tiny_llama_config
+from recipes.benchmarks import _common, convergence, distributed_costs, overhead
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(REPO, "recipes", "benchmarks")
-sys.path.insert(0, BENCHMARKS)
-
-import _common  # noqa: E402
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", os.path.join(BENCHMARKS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-convergence = _load("convergence")
-overhead = _load("overhead")
 
 # Captured from `ss -tinpH` during a 4-worker gloo run (trimmed), plus three edge cases: a socket shared by two
 # processes, a socket that has sent nothing (no bytes_sent field) and a socket without a `users:` field.
@@ -219,7 +210,8 @@ def test_method_specs_share_everything_but_their_own_settings(tmp_path):
 
 
 def test_step_bounds_cover_the_budget(tmp_path):
-    worker = _load("_convergence_worker")
+    from recipes.benchmarks import _convergence_worker as worker
+
     settings = convergence.shared_settings(
         convergence.parse_args(["--quick", "--batch_size", "12", "--max_batch_size", "8"])
     )
@@ -293,13 +285,175 @@ def test_overhead_summary_pairs_repeats_and_scales_to_round_time():
         overhead.summarize([_run("trainer", 0, 1.0, 0.1, 0.1, 0.0)], {"inner_steps": 25})
 
 
+# ---- distributed_costs.py ----
+def _line(step, instance, comm_bytes, merged_from=(), merge_bytes=None, merge_seconds=0.0):
+    line = {
+        "outer_step": step,
+        "instance": instance,
+        "comm_bytes": comm_bytes,
+        "merged_from": list(merged_from),
+        "merge_seconds": merge_seconds,
+    }
+    if merge_bytes is not None:
+        line["merge_bytes"] = merge_bytes
+    return line
+
+
+def test_merge_events_take_the_library_timings_and_the_round_end_sockets_less_the_outer_all_reduces():
+    rounds = [
+        # Round 1: single-worker instances (no all-reduce), instance 1 merged into 0 (1000 bytes).
+        _line(1, 0, 1000, merged_from=[1], merge_bytes=1000, merge_seconds=0.25),
+        _line(1, 2, 0),
+        _line(1, 3, 0),
+        # Round 2: no merge.
+        _line(2, 0, 300),
+        _line(2, 2, 0),
+        # Round 3: instance 0 (2 workers, 300 bytes of all-reduce) absorbs instance 2 (2000 bytes).
+        _line(3, 0, 2300, merged_from=[2], merge_bytes=2000, merge_seconds=0.5),
+        _line(3, 3, 0),
+    ]
+    reports = [
+        {"outer_rounds": [1, 2, 3], "outer_bytes": [600, 160, 1500]},
+        {"outer_rounds": [1, 2, 3], "outer_bytes": [410, 150, 1110]},
+    ]
+    events = distributed_costs.merge_events(reports, rounds)
+    assert [e["round"] for e in events] == [1, 3]
+    assert events[0] == {
+        "round": 1,
+        "seconds": 0.25,
+        "modelled_bytes": 1000,
+        "socket_bytes": 1010,
+        "round_end_socket_bytes": 1010,
+        "round_outer_modelled_bytes": 0,
+    }
+    assert events[1]["seconds"] == 0.5 and events[1]["modelled_bytes"] == 2000
+    assert events[1]["round_end_socket_bytes"] == 2610
+    assert events[1]["socket_bytes"] == 2610 - 300
+    # Without `ss`, the socket counts are unknown rather than wrong.
+    reports[1]["outer_bytes"][0] = None
+    assert distributed_costs.merge_events(reports, rounds)[0]["socket_bytes"] is None
+
+
+def test_benchmarks_do_not_edit_sys_path_or_patch_the_library():
+    for name in sorted(os.listdir(BENCHMARKS)):
+        if name.endswith(".py"):
+            source = open(os.path.join(BENCHMARKS, name), encoding="utf-8").read()
+            assert "sys.path" not in source, name
+            for private in ("._merge", "_save_checkpoint =", "WorkerMonitor.check", ".totals[", "last_synced_step"):
+                assert private not in source, (name, private)
+
+
+# ---- adloco_hf.testing: the launcher the benchmarks share with the tests ----
+def test_launch_command_runs_a_script_or_a_module_on_n_cpu_workers():
+    command = launch_command("worker.py", "spec.json", "--flag", num_processes=3, main_process_port=12345)
+    assert command[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert command[command.index("--num_processes") + 1] == "3"
+    assert command[command.index("--main_process_port") + 1] == "12345"
+    assert "--multi_gpu" in command and "--cpu" not in command  # DESIGN §6: --cpu alone runs one process
+    assert command[-3:] == ["worker.py", "spec.json", "--flag"]
+    assert "--module" not in command
+    module = launch_command("recipes.benchmarks.distributed_costs", "--worker", "{}", num_processes=2, module=True)
+    assert module[-4:] == ["--module", "recipes.benchmarks.distributed_costs", "--worker", "{}"]
+    assert 0 < int(module[module.index("--main_process_port") + 1]) < 65536
+    assert 0 < free_port() < 65536
+    with pytest.raises(ValueError):
+        launch_command("worker.py", num_processes=0)
+
+
+def test_launch_command_is_what_accelerate_parses():
+    from accelerate.commands.launch import launch_command_parser
+
+    command = launch_command("recipes.benchmarks._convergence_worker", "spec.json", num_processes=4, module=True)
+    parsed = launch_command_parser().parse_args(command[3:])
+    assert parsed.multi_gpu and parsed.num_processes == 4 and parsed.module
+    assert parsed.training_script == "recipes.benchmarks._convergence_worker"
+    assert parsed.training_script_args == ["spec.json"]
+
+
+def test_run_workers_returns_the_output_with_the_given_environment(tmp_path):
+    code = "import os, sys; print(os.environ['OMP_NUM_THREADS'], os.environ['X']); print('err', file=sys.stderr)"
+    result = run_workers([sys.executable, "-c", code], timeout=60, env={"X": "y"}, threads=3, cwd=tmp_path)
+    assert result.ok and result.returncode == 0 and not result.timed_out
+    assert result.stdout.split() == ["3", "y"] and result.stderr.strip() == "err"
+    # A module found through `pythonpath`, the output in a log file.
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "hello.py").write_text(
+        "import sys\nprint('hello', sys.argv[1], flush=True)\nprint('e', file=sys.stderr)\n"
+    )
+    log = tmp_path / "launch.log"
+    result = run_workers([sys.executable, "-m", "pkg.hello", "x"], timeout=60, pythonpath=[tmp_path], log_path=log)
+    assert result.stdout.split() == ["hello", "x", "e"] and result.stderr == ""
+    assert log.read_text() == result.stdout
+
+
+def test_run_workers_raises_with_the_output_or_returns_the_failure():
+    code = "import sys; print('the cause'); sys.exit(3)"
+    with pytest.raises(WorkersFailed) as failure:
+        run_workers([sys.executable, "-c", code], timeout=60)
+    assert isinstance(failure.value, AssertionError)  # a test that launches workers fails, with their output
+    assert "exit 3" in str(failure.value) and "the cause" in str(failure.value)
+    assert failure.value.result.returncode == 3
+    result = run_workers([sys.executable, "-c", code], timeout=60, check=False)
+    assert result.returncode == 3 and not result.ok
+
+
+def test_run_workers_kills_every_process_of_the_launch_at_the_timeout(tmp_path):
+    # A parent that starts a child and both sleep: the child must not outlive the timeout.
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    start = time.perf_counter()
+    result = run_workers([sys.executable, "-c", code], timeout=5, check=False, kill_grace=2)
+    assert result.timed_out and result.returncode == 124 and not result.ok
+    assert "started" in result.stdout
+    assert time.perf_counter() - start < 60
+    child = int(pid_file.read_text())
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the launch's child process {child} survived the timeout")
+    with pytest.raises(WorkersFailed, match="did not finish"):
+        run_workers([sys.executable, "-c", "import time; time.sleep(600)"], timeout=1, kill_grace=1)
+
+
+@pytest.mark.multiprocess
+def test_a_module_target_runs_on_n_cpu_workers_in_one_gloo_group(tmp_path):
+    # How the benchmarks launch their workers: `--module`, from the repository root, no path edits in the workers.
+    command = launch_command("tests.scripts.probe_world_size", "2", str(tmp_path), num_processes=2, module=True)
+    run_workers(command, timeout=120, cwd=REPO, pythonpath=[REPO])
+    for rank in (0, 1):
+        assert (tmp_path / f"rank-{rank}").read_text().split() == ["2", "gloo"]
+
+
+def test_tiny_llama_is_small_and_seeded():
+    config = tiny_llama_config()
+    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (64, 32, 2)
+    assert config.intermediate_size == 64
+    wide = tiny_llama_config(vocab_size=4096, hidden_size=64, intermediate_size=256, max_position_embeddings=256)
+    assert (wide.intermediate_size, wide.max_position_embeddings) == (256, 256)
+    a, b, c = tiny_llama(seed=0), tiny_llama(seed=0), tiny_llama(seed=1)
+    weights = [next(m.parameters()).detach() for m in (a, b, c)]
+    assert (weights[0] == weights[1]).all() and not (weights[0] == weights[2]).all()
+
+
 # ---- end to end ----
 @pytest.mark.slow
 def test_overhead_script_end_to_end(tmp_path):
     out = tmp_path / "overhead"
     command = [
         sys.executable,
-        os.path.join(BENCHMARKS, "overhead.py"),
+        "-m",
+        "recipes.benchmarks.overhead",
         "--quick",
         "--inner_steps",
         "5",
@@ -314,7 +468,7 @@ def test_overhead_script_end_to_end(tmp_path):
         "--cache_dir",
         os.path.join(REPO, "outputs", "cache"),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     results = json.loads((out / "results.json").read_text())
@@ -336,7 +490,8 @@ def test_convergence_script_end_to_end(tmp_path):
     out = tmp_path / "convergence"
     command = [
         sys.executable,
-        os.path.join(BENCHMARKS, "convergence.py"),
+        "-m",
+        "recipes.benchmarks.convergence",
         "--quick",
         "--methods",
         "ddp",
@@ -376,3 +531,44 @@ def test_convergence_script_end_to_end(tmp_path):
         # Gloo's own algorithm and the store's messages differ from the ring model, by less than a factor of 2.
         assert 0.5 < ddp["measured_bytes_sent"] / ddp["comm_bytes"] < 2
     assert (out / "convergence.png").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_distributed_costs_script_end_to_end(tmp_path):
+    out = tmp_path / "costs"
+    command = [
+        sys.executable,
+        "-m",
+        "recipes.benchmarks.distributed_costs",
+        "--workers",
+        "2",
+        "--inner_steps",
+        "4",
+        "--rounds",
+        "2",
+        "--batch",
+        "2",
+        "--worker_timeout",
+        "5",
+        "--output_dir",
+        str(out),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    results = json.loads((out / "distributed_costs.json").read_text())
+    assert results["float32"]["payload_bytes"] == 2 * results["bfloat16"]["payload_bytes"]
+    for dtype in ("bfloat16", "float32"):
+        costs = results[dtype]
+        assert costs["ring_model_bytes"] == 2 * (2 - 1) * costs["payload_bytes"]
+        assert costs["outer_step_after_barrier_seconds"] > 0 and costs["outer_step_seconds"] > 0
+        if costs["measured_bytes_per_round"] is not None:
+            assert 0.5 < costs["measured_bytes_per_round"] / costs["ring_model_bytes"] < 2
+    # 2 instances merge once, after round 1; the library timed it and counted its bytes.
+    (merge,) = results["merges"]
+    assert merge["round"] == 1 and merge["seconds"] > 0 and merge["modelled_bytes"] > 0
+    assert results["checkpoint_save_seconds"] > 0
+    for kind in ("exits", "hangs"):
+        lost = results[f"lost_worker_{kind}"]
+        assert lost["noticed_after_seconds"] is not None and lost["barrier_wait_seconds"] >= 0
+        assert "1" in lost["message"]  # names the lost rank

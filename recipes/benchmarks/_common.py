@@ -1,6 +1,7 @@
 """Helpers shared by the benchmarks: socket byte counters, curve interpolation, ratios, tables and JSON output.
 
-Everything here is pure Python (no torch), so `tests/test_benchmarks.py` checks it on synthetic inputs.
+Everything here is pure Python (no torch), so `tests/test_benchmarks.py` checks it on synthetic inputs. Launching
+workers (`free_port`, `launch_command`, `run_workers`) is `adloco_hf.testing`'s, shared with the test suite.
 """
 
 import json
@@ -8,7 +9,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import tempfile
@@ -19,7 +19,6 @@ from adloco_hf.outer import ring_all_reduce_bytes  # one byte model for DDP and 
 
 
 __all__ = [
-    "free_port",
     "human_bytes",
     "interpolate_curve",
     "median_spread",
@@ -182,9 +181,3 @@ def write_json(path: str, obj: Any) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -1,8 +1,9 @@
-"""One method of `convergence.py` on every worker: `accelerate launch ... _convergence_worker.py SPEC_JSON`.
+"""One method of `convergence.py` on every worker: `accelerate launch ... --module <this module> SPEC_JSON`.
 
-The driver (`convergence.py`) writes SPEC_JSON and launches this file once per method with the same workers, data,
-model initialisation, data order and inner optimizer. Every worker records what it saw; global rank 0 writes
-`{output_dir}/result.json`, which the driver collects. Not meant to be run by hand.
+The driver (`convergence.py`) writes SPEC_JSON and launches this module, `recipes.benchmarks._convergence_worker`,
+from the repository root once per method with the same workers, data, model initialisation, data order and inner
+optimizer. Every worker records what it saw; global rank 0 writes `{output_dir}/result.json`, which the driver
+collects. Not meant to be run by hand.
 
 - `ddp`: the plain `transformers.Trainer` with real DDP (gloo) over the same workers, fed by the same
   `AdaptiveBatchSampler` shards as the AdLoCo workers (fixed batch), so every method sees the same samples in the
@@ -22,15 +23,12 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import ring_all_reduce_bytes, socket_bytes_sent, write_json  # noqa: E402
-
-from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
-from adloco_hf.data import build_lm_datasets, load_or_train_tokenizer, load_text_corpus  # noqa: E402
-from adloco_hf.plotting import load_rounds  # noqa: E402
-from adloco_hf.presets import MODEL_PRESETS, build_model  # noqa: E402
-from adloco_hf.sampler import AdaptiveBatchSampler  # noqa: E402
+from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+from adloco_hf.data import build_lm_datasets, load_or_train_tokenizer, load_text_corpus
+from adloco_hf.presets import MODEL_PRESETS, build_model
+from adloco_hf.run_log import load_rounds
+from adloco_hf.sampler import AdaptiveBatchSampler
+from recipes.benchmarks._common import ring_all_reduce_bytes, socket_bytes_sent, write_json
 
 
 class BenchmarkMixin:
@@ -107,16 +105,16 @@ class BenchAdLoCoTrainer(BenchmarkMixin, AdLoCoTrainer):
 class TokenBudgetStop(TrainerCallback):
     """Stops AdLoCo at the end of the first round whose cumulative training tokens (all instances) reach the budget.
 
-    Added with `trainer.add_callback` after construction, so it runs after `AdLoCoCallback.on_step_end` has closed
-    the round and updated `totals["tokens"]` (callbacks given to the constructor would run before it).
+    Added with `trainer.add_callback`, so it runs after AdLoCo's own `on_step_end` has closed the round: at a round's
+    last step `trainer.adloco_state` already counts that round (`last_round_step` is this step, `tokens` includes it).
     """
 
     def __init__(self, trainer: AdLoCoTrainer, budget: int):
         self.trainer, self.budget = trainer, budget
 
     def on_step_end(self, args, state, control, **kwargs):
-        engine = self.trainer.adloco
-        if engine.last_synced_step == state.global_step and engine.totals["tokens"] >= self.budget:
+        adloco = self.trainer.adloco_state
+        if adloco.last_round_step == state.global_step and adloco.tokens >= self.budget:
             control.should_training_stop = True
 
 
@@ -268,8 +266,8 @@ def main() -> None:
         )
     else:
         trainer.bench_setup(
-            tokens_so_far=lambda: int(trainer.adloco.totals["tokens"]),
-            bytes_so_far=lambda: int(trainer.adloco.totals["comm_bytes"]),
+            tokens_so_far=lambda: trainer.adloco_state.tokens,
+            bytes_so_far=lambda: trainer.adloco_state.comm_bytes,
         )
         trainer.add_callback(TokenBudgetStop(trainer, spec["budget_tokens"]))
 
@@ -329,8 +327,8 @@ def write_result(spec, args, trainer, everyone, *, tokens_per_step: int, ddp_ste
         batch_sizes = [[0, spec["train"]["batch_size"]]]
         instances_curve = [[0, 1]]
     else:
-        engine = trainer.adloco
-        tokens, comm_bytes = int(engine.totals["tokens"]), int(engine.totals["comm_bytes"])
+        adloco = trainer.adloco_state  # after train(): the final merge's bytes included
+        tokens, comm_bytes = adloco.tokens, adloco.comm_bytes
         rounds = adloco_rounds(args.output_dir)
         final_merge_bytes = comm_bytes - sum(r["comm_bytes"] for r in rounds)
         comm_rounds = sum(1 for r in rounds if r["comm_bytes"] > 0) + (1 if final_merge_bytes > 0 else 0)

@@ -2,7 +2,8 @@
 
 Every method trains the same model from the same initial weights on the same workers, data shards and data order
 (as long as the batch sizes agree), with the same inner AdamW and learning rate, and stops once its cumulative
-training tokens reach the budget. Each method is one `accelerate launch` of `_convergence_worker.py`.
+training tokens reach the budget. Each method is one `accelerate launch` of the module
+`recipes.benchmarks._convergence_worker`.
 
 | method | what it is |
 |---|---|
@@ -23,14 +24,14 @@ every step, AdLoCo's pseudo-gradients and merge transfers from its logs; and mea
 TCP sockets from `ss -tinpH` before and after training, evaluations excluded) and the training wall time
 (evaluations excluded).
 
-    # The README's table (4 CPU workers, tiny Llama, built-in corpus):
-    python recipes/benchmarks/convergence.py
+    # From the repository root. The README's table (4 CPU workers, tiny Llama, built-in corpus):
+    python -m recipes.benchmarks.convergence
     # A quicker set (< 12 minutes on 2 CPU cores):
-    python recipes/benchmarks/convergence.py --quick
+    python -m recipes.benchmarks.convergence --quick
     # A subset, and a tuning override:
-    python recipes/benchmarks/convergence.py --quick --methods ddp diloco adloco --learning_rate 2e-3
+    python -m recipes.benchmarks.convergence --quick --methods ddp diloco adloco --learning_rate 2e-3
     # GPU: MicroLlama's architecture, 4 workers sharing one GPU over gloo (NCCL-free), fp16:
-    python recipes/benchmarks/convergence.py --device cuda --preset microllama --fp16
+    python -m recipes.benchmarks.convergence --device cuda --preset microllama --fp16
 
 Outputs in `--output_dir` (default `outputs/benchmarks/convergence`): `results.json`
 (`{"methods": {name: {"final_eval_ppl", "tokens", "comm_rounds", "comm_bytes", "wall_seconds", "curve", ...}}}`),
@@ -42,19 +43,15 @@ import copy
 import json
 import math
 import os
-import signal
-import subprocess
-import sys
 import time
 
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-from _common import free_port, human_bytes, interpolate_curve, ratio, table, write_json  # noqa: E402
+from adloco_hf.testing import launch_command, run_workers
+from recipes.benchmarks._common import human_bytes, interpolate_curve, ratio, table, write_json
 
 
-WORKER = os.path.join(HERE, "_convergence_worker.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Launched as a module from the repository root (`accelerate launch --module`): no path edits in the workers.
+WORKER_MODULE = "recipes.benchmarks._convergence_worker"
 
 # What changes between methods; everything else is the shared setting below.
 ADLOCO = {"num_instances": 4, "batch_size_test": "norm"}
@@ -209,8 +206,9 @@ def prepare(settings: dict) -> float | None:
     """Build the tokenizer and packed data into the cache (the workers then only load them) and return the
     initial model's eval perplexity (the curves' first point: every method starts from these weights)."""
     import torch
-    from _convergence_worker import load_data, make_model
     from transformers import default_data_collator
+
+    from recipes.benchmarks._convergence_worker import load_data, make_model
 
     tokenizer, lm = load_data(settings)
     model = make_model(settings, tokenizer).to(settings["device"]).eval()
@@ -235,49 +233,21 @@ def prepare(settings: dict) -> float | None:
 
 # ---- one method ----
 def launch(spec: dict, log_path: str) -> tuple[int, float]:
-    """Run the workers of one method; returns (exit code, seconds). Kills the whole launch on timeout."""
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        str(spec["world_size"]),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        WORKER,
-        os.path.join(spec["output_dir"], "spec.json"),
-    ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        "OMP_NUM_THREADS": str(spec["threads_per_worker"]),
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-    }
-    start = time.perf_counter()
-    with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True
-        )
-        try:
-            code = process.wait(timeout=spec["timeout"])
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            code = 124
-    return code, time.perf_counter() - start
+    """Run the workers of one method; returns (exit code, seconds). Kills the whole launch on timeout (exit 124)."""
+    command = launch_command(
+        WORKER_MODULE, os.path.join(spec["output_dir"], "spec.json"), num_processes=spec["world_size"], module=True
+    )
+    result = run_workers(
+        command,
+        timeout=spec["timeout"],
+        env={"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+        cwd=REPO,
+        pythonpath=[REPO],
+        threads=spec["threads_per_worker"],
+        log_path=log_path,
+        check=False,
+    )
+    return result.returncode, result.seconds
 
 
 def run_method(name: str, settings: dict, output_dir: str, reuse: bool) -> dict:

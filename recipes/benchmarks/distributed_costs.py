@@ -1,7 +1,8 @@
 """What AdLoCo's distributed machinery costs, measured with real workers on this machine.
 
-    python recipes/benchmarks/distributed_costs.py                 # 4 CPU workers, tiny Llama, ~3 minutes
-    python recipes/benchmarks/distributed_costs.py --workers 2 --output_dir outputs/benchmarks/costs
+    # from the repository root
+    python -m recipes.benchmarks.distributed_costs                 # 4 CPU workers, tiny Llama, ~3 minutes
+    python -m recipes.benchmarks.distributed_costs --workers 2 --output_dir outputs/benchmarks/costs
 
 Measures, with 4 workers launched by `accelerate launch` (gloo on CPU):
 
@@ -12,21 +13,29 @@ Measures, with 4 workers launched by `accelerate launch` (gloo on CPU):
 4. a checkpoint save with 4 workers;
 5. how long the others take to notice a worker that exited or hangs (`worker_timeout`).
 
-Prints tables and writes `distributed_costs.json` to `--output_dir`.
+Only public interfaces are used: Trainer callbacks around AdLoCo's own (one first in the Trainer's callback list, one
+added after it), `trainer.adloco_state`, and the library's own timings in `adloco_rounds.jsonl` (`outer_seconds`,
+`merge_seconds`, `merge_bytes`). Prints tables and writes `distributed_costs.json` to `--output_dir`.
 """
 
 import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
+from adloco_hf.testing import launch_command, run_workers
+from recipes.benchmarks._common import socket_bytes_sent
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import free_port, socket_bytes_sent  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The workers run this module again, with `--worker SPEC_JSON` (`accelerate launch --module`, from REPO).
+MODULE = "recipes.benchmarks.distributed_costs"
+
+
+def _minus(after: int | None, before: int | None) -> int | None:
+    return None if after is None or before is None else after - before
 
 
 # ---------------------------------------------------------------- worker side
@@ -34,39 +43,28 @@ def worker(spec: dict) -> None:
     import datasets
     import torch
     import torch.distributed as dist
-    from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
+    from transformers import TrainerCallback
 
-    import adloco_hf.callback as callback_module
-    import adloco_hf.distributed as distributed_module
     from adloco_hf import AdLoCoConfig, AdLoCoTrainer
     from adloco_hf.distributed import WorkerTimeoutError
+    from adloco_hf.testing import tiny_llama
 
     args = AdLoCoConfig(use_cpu=True, report_to=[], disable_tqdm=True, log_level="error", **spec["config"])
     assert dist.get_world_size() == spec["world_size"]
     rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=4096, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256,
-        )
-    )  # fmt: skip
+    model = tiny_llama(
+        seed=0, vocab_size=4096, hidden_size=64, intermediate_size=256, layers=2, max_position_embeddings=256
+    )
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 4096, (2048, 128), generator=generator).tolist()
     data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
     trainer = AdLoCoTrainer(model=model, args=args, train_dataset=data)
-    record = {
-        "step": [],
-        "stats_step": [],
-        "outer": [],
-        "outer_after_barrier": [],
-        "outer_bytes": [],
-        "merge": [],
-        "save": [],
-    }
+    record = {"step": [], "stats_step": [], "outer": [], "outer_bytes": [], "outer_rounds": [], "save": []}
     pid = os.getpid()
 
     class Before(TrainerCallback):
+        """First in the callback list: its `on_step_end` runs before AdLoCo's ends the round."""
+
         def on_step_begin(self, args, state, control, **kwargs):
             self.start = time.perf_counter()
 
@@ -77,57 +75,32 @@ def worker(spec: dict) -> None:
                 record["stats_step" if round_end else "step"].append(duration)
             self.sent = socket_bytes_sent(pid) if round_end else None
             self.end = time.perf_counter()  # after the `ss` call, which is not AdLoCo's cost
+            if round_end:
+                record["round_end_reached"] = time.time()  # from here on, waiting for the round-end barrier
+
+        def on_save(self, args, state, control, **kwargs):
+            # The Trainer saves right after `on_step_end` (no logging or evaluation at these steps) and then calls
+            # `on_save`: the time since the last callback's `on_step_end` is the save.
+            record["save"].append(time.perf_counter() - after.step_end)
 
     class After(TrainerCallback):
+        """Added last: its `on_step_end` runs after AdLoCo's has closed the round."""
+
         def __init__(self, before):
             self.before = before
+            self.step_end = 0.0
 
         def on_step_end(self, args, state, control, **kwargs):
-            if self.before.sent is None:
-                return
-            outer = time.perf_counter() - self.before.end
-            record["outer"].append(outer)
-            record["outer_after_barrier"].append(outer - record["barrier_wait_last"])
-            record["outer_bytes"].append(socket_bytes_sent(pid) - self.before.sent)
+            if self.before.sent is not None and trainer.adloco_state.last_round_step == state.global_step:
+                record["outer"].append(time.perf_counter() - self.before.end)
+                record["outer_bytes"].append(_minus(socket_bytes_sent(pid), self.before.sent))
+                record["outer_rounds"].append(trainer.adloco_state.rounds)
+            self.step_end = time.perf_counter()
 
     before = Before()
+    after = After(before)
     trainer.callback_handler.callbacks.insert(0, before)
-    trainer.add_callback(After(before))
-
-    original_merge = callback_module.AdLoCoCallback._merge
-
-    def timed_merge(self, instances):
-        sent = socket_bytes_sent(pid)
-        start = time.perf_counter()
-        info = original_merge(self, instances)
-        record["merge"].append(
-            {
-                "seconds": time.perf_counter() - start,
-                "socket_bytes": socket_bytes_sent(pid) - sent,
-                "bytes": info["bytes"],
-            }
-        )
-        return info
-
-    callback_module.AdLoCoCallback._merge = timed_merge
-    original_save = AdLoCoTrainer._save_checkpoint
-
-    def timed_save(self, model, trial):
-        start = time.perf_counter()
-        original_save(self, model, trial)
-        record["save"].append(time.perf_counter() - start)
-
-    AdLoCoTrainer._save_checkpoint = timed_save
-
-    original_check = distributed_module.WorkerMonitor.check
-
-    def timed_check(self, where, hint=""):
-        record["barrier_entered"] = time.time()
-        start = time.perf_counter()
-        original_check(self, where, hint)
-        record["barrier_wait_last"] = time.perf_counter() - start  # waiting for the slowest worker
-
-    distributed_module.WorkerMonitor.check = timed_check
+    trainer.add_callback(after)
 
     fail = spec.get("fail")
     if fail is not None:
@@ -149,7 +122,7 @@ def worker(spec: dict) -> None:
         failed_at = float(open(os.path.join(spec["probe_dir"], "failed_at")).read())
         now = time.time()
         record["noticed_after"] = now - failed_at
-        record["barrier_wait"] = now - record["barrier_entered"]
+        record["barrier_wait"] = now - record["round_end_reached"]
         record["error"] = str(error)
     payload = sum(p.numel() for p in model.parameters())
     record.update(rank=rank, pid=pid, numel=payload)
@@ -160,27 +133,65 @@ def worker(spec: dict) -> None:
 
 
 # ---------------------------------------------------------------- launcher side
-def launch(spec: dict, workers: int, timeout: int = 600) -> list[dict]:
+def launch(spec: dict, workers: int, timeout: int = 600) -> tuple[list[dict], list[dict]]:
+    """Run one configuration on `workers` workers; returns every worker's record and the run's round lines."""
+    from adloco_hf.run_log import load_rounds
+
     probe = tempfile.mkdtemp(prefix="adloco-costs-")
     spec = {**spec, "world_size": workers, "probe_dir": probe}
     spec["config"] = {"output_dir": os.path.join(probe, "run"), **spec["config"]}
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(workers),
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(free_port()), os.path.abspath(__file__), "--worker", json.dumps(spec),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    command = launch_command(MODULE, "--worker", json.dumps(spec), num_processes=workers, module=True)
+    result = run_workers(command, timeout=timeout, cwd=REPO, pythonpath=[REPO], threads=1, check=False)
+    output = f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    if result.timed_out:
+        raise RuntimeError(f"the workers did not finish in {timeout}s:\n{output}")
     reports = []
     for rank in range(workers):
         path = os.path.join(probe, f"rank{rank}.json")
         if os.path.exists(path):
             reports.append(json.load(open(path)))
     if not reports:
-        raise RuntimeError(
-            f"no worker report (exit {result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        raise RuntimeError(f"no worker report (exit {result.returncode}):\n{output}")
+    try:
+        rounds = load_rounds(spec["config"]["output_dir"])
+    except FileNotFoundError:  # a run that failed before its first round
+        rounds = []
+    return reports, rounds
+
+
+def _total(values):
+    return None if any(v is None for v in values) else sum(values)
+
+
+def merge_events(reports: list[dict], rounds: list[dict]) -> list[dict]:
+    """One entry per merge, from the survivors' round lines and the workers' socket counts at those round ends.
+
+    `seconds` and `modelled_bytes` are the library's own (`merge_seconds`: the slowest worker's merge, redistribution
+    included; `merge_bytes`). The sockets are read around the whole round end, which also holds the round's outer
+    all-reduces: `socket_bytes` takes their modelled bytes out of `round_end_socket_bytes` (all workers).
+    """
+    by_round: dict[int, list[dict]] = {}
+    for line in rounds:
+        by_round.setdefault(line["outer_step"], []).append(line)
+    events = []
+    for step in sorted(by_round):
+        lines = by_round[step]
+        survivor = next((line for line in lines if line["merged_from"]), None)
+        if survivor is None:
+            continue
+        sent = _total([r["outer_bytes"][r["outer_rounds"].index(step)] for r in reports])
+        outer_bytes = sum(line["comm_bytes"] for line in lines) - survivor["merge_bytes"]
+        events.append(
+            {
+                "round": step,
+                "seconds": survivor["merge_seconds"],
+                "modelled_bytes": survivor["merge_bytes"],
+                "socket_bytes": _minus(sent, outer_bytes),
+                "round_end_socket_bytes": sent,
+                "round_outer_modelled_bytes": outer_bytes,
+            }
         )
-    return reports
+    return events
 
 
 def median(values):
@@ -210,27 +221,29 @@ def main() -> None:
 
     # 1-2. steps, statistics, outer step, bytes — one instance over all workers, bf16 and fp32 all-reduce.
     for dtype in ("bfloat16", "float32"):
-        reports = launch({"config": {**base, "pseudo_grad_dtype": dtype, "batch_size_test": "norm"}}, P)
+        reports, rounds = launch({"config": {**base, "pseudo_grad_dtype": dtype, "batch_size_test": "norm"}}, P)
         numel = reports[0]["numel"]
         element = 2 if dtype == "bfloat16" else 4
-        per_round = [sum(r["outer_bytes"][i] for r in reports) for i in range(len(reports[0]["outer_bytes"]))]
+        per_round = [_total([r["outer_bytes"][i] for r in reports]) for i in range(len(reports[0]["outer_bytes"]))]
         step, stats_step = (
             median([t for r in reports for t in r["step"]]),
             median([t for r in reports for t in r["stats_step"]]),
         )
         outer = median([t for r in reports for t in r["outer"]])
-        outer_own = median([t for r in reports for t in r["outer_after_barrier"]])
+        # The library's own timing of the outer step (all-reduce included, slowest worker), without the wait for
+        # the slowest worker at the round-end barrier and the round's bookkeeping.
+        outer_own = median([line["outer_seconds"] for line in rounds])
         results[dtype] = {
             "payload_bytes": numel * element,
             "ring_model_bytes": 2 * (P - 1) * numel * element,
-            "measured_bytes_per_round": median(per_round),
+            "measured_bytes_per_round": None if None in per_round else median(per_round),
             "step_seconds": step,
             "statistics_step_seconds": stats_step,
             "outer_step_seconds": outer,
             "outer_step_after_barrier_seconds": outer_own,
             "round_seconds": step * (H - 1) + stats_step + outer,
         }
-    none = launch({"config": {**base, "batch_size_test": "none"}}, P)
+    none, _ = launch({"config": {**base, "batch_size_test": "none"}}, P)
     plain_step = median([t for r in none for t in r["step"] + r["stats_step"]])
     bf16 = results["bfloat16"]
     bf16["no_statistics_step_seconds"] = plain_step
@@ -238,22 +251,13 @@ def main() -> None:
     bf16["outer_overhead_per_round"] = bf16["outer_step_seconds"] / (plain_step * H)
 
     # 3. merges: 4 instances, one merge per round.
-    merges = launch(
+    merges, merge_rounds = launch(
         {"config": {**base, "num_instances": P, "merge_every": 1, "max_steps": H * P, "batch_size_test": "norm"}}, P
     )
-    events = []
-    for i in range(len(merges[0]["merge"])):
-        events.append(
-            {
-                "seconds": max(r["merge"][i]["seconds"] for r in merges),
-                "modelled_bytes": merges[0]["merge"][i]["bytes"],
-                "socket_bytes": sum(r["merge"][i]["socket_bytes"] for r in merges),
-            }
-        )
-    results["merges"] = events
+    results["merges"] = merge_events(merges, merge_rounds)
 
     # 4. checkpoint saves with all workers.
-    saves = launch({"config": {**base, "save_strategy": "steps", "save_steps": H}}, P)
+    saves, _ = launch({"config": {**base, "save_strategy": "steps", "save_steps": H}}, P)
     results["checkpoint_save_seconds"] = median(
         [max(r["save"][i] for r in saves) for i in range(len(saves[0]["save"]))]
     )
@@ -261,7 +265,7 @@ def main() -> None:
     # 5. a worker that exits, one that hangs.
     for how in (0, "hang"):
         config = {**base, "worker_timeout": cli.worker_timeout, "max_steps": H * 3}
-        lost = launch({"config": config, "fail": [P - 1, H + H // 2, how]}, P)
+        lost, _ = launch({"config": config, "fail": [P - 1, H + H // 2, how]}, P)
         noticed = [r for r in lost if "noticed_after" in r]
         results[f"lost_worker_{'exits' if how == 0 else 'hangs'}"] = {
             "noticed_after_seconds": max(r["noticed_after"] for r in noticed) if noticed else None,
@@ -274,6 +278,10 @@ def main() -> None:
     with open(os.path.join(cli.output_dir, "distributed_costs.json"), "w") as f:
         json.dump(results, f, indent=2)
     print_tables(results)
+
+
+def _cell(value: float | None, scale: float) -> str:
+    return f"{'-':>14}" if value is None else f"{value * scale:>14.3f}"
 
 
 def print_tables(r: dict) -> None:
@@ -289,17 +297,20 @@ def print_tables(r: dict) -> None:
         ("outer_step_seconds", "outer step (with wait)", 1e3, "ms"),
         ("outer_step_after_barrier_seconds", "outer step (own work)", 1e3, "ms"),
     ]:
-        print(f"{label + f' ({unit})':34}{r['bfloat16'][key] * scale:>14.3f}{r['float32'][key] * scale:>14.3f}")
+        print(f"{label + f' ({unit})':34}{_cell(r['bfloat16'][key], scale)}{_cell(r['float32'][key], scale)}")
     b = r["bfloat16"]
-    print(f"\nmeasured / ring model (bf16): {b['measured_bytes_per_round'] / b['ring_model_bytes']:.3f}")
+    measured = b["measured_bytes_per_round"]
+    ratio = "-" if measured is None else f"{measured / b['ring_model_bytes']:.3f}"
+    print(f"\nmeasured / ring model (bf16): {ratio}")
     print(
         f"statistics add {100 * b['statistics_overhead_per_round']:.2f}% to a round (step without: {1e3 * b['no_statistics_step_seconds']:.2f} ms)"
     )
     print(f"outer step adds {100 * b['outer_overhead_per_round']:.2f}% to a round")
-    print("\nmerges (4 instances → 1):")
+    print(f"\nmerges ({P} instances → 1):")
     for i, m in enumerate(r["merges"], 1):
+        sockets = "-" if m["socket_bytes"] is None else f"{m['socket_bytes'] / 1e6:.2f}"
         print(
-            f"  merge {i}: {1e3 * m['seconds']:.1f} ms, modelled {m['modelled_bytes'] / 1e6:.2f} MB, sockets {m['socket_bytes'] / 1e6:.2f} MB"
+            f"  merge {i}: {1e3 * m['seconds']:.1f} ms, modelled {m['modelled_bytes'] / 1e6:.2f} MB, sockets {sockets} MB"
         )
     print(f"\ncheckpoint save with {P} workers: {1e3 * r['checkpoint_save_seconds']:.0f} ms")
     for kind in ("exits", "hangs"):

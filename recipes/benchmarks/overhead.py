@@ -23,9 +23,9 @@ Reported (`results.json`, and a table):
 - `stats_overhead[H]`: that extra time (0 when negative) per round / the round's time, for H = 50 and 200;
 - `outer_step_seconds` and `outer_overhead[H]`: AdLoCo's end-of-round work per round, and its share of a round.
 
-    python recipes/benchmarks/overhead.py --quick          # < 5 minutes on 2 CPU cores
-    python recipes/benchmarks/overhead.py                  # more repeats and rounds
-    python recipes/benchmarks/overhead.py --device cuda --preset microllama --fp16
+    python -m recipes.benchmarks.overhead --quick          # from the repository root; < 5 minutes on 2 CPU cores
+    python -m recipes.benchmarks.overhead                  # more repeats and rounds
+    python -m recipes.benchmarks.overhead --device cuda --preset microllama --fp16
 
 Outputs in `--output_dir` (default `outputs/benchmarks/overhead`): `results.json` and `table.md`.
 """
@@ -35,19 +35,18 @@ import gc
 import math
 import os
 import statistics
-import sys
 import time
 
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-sys.path.insert(0, REPO)
+# Before anything imports huggingface_hub (which reads them once): the benchmark never needs the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from _common import median_spread, table, write_json  # noqa: E402
+from recipes.benchmarks._common import median_spread, table, write_json  # noqa: E402
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 VARIANTS = ("trainer", "adloco", "adloco_stats")
@@ -123,10 +122,10 @@ def run_variant(variant: str, settings: dict, tokenizer, lm, output_dir: str) ->
     step `warmup` + 1 on, which slightly over-weights the outer step: a conservative choice for AdLoCo).
     """
     import torch
-    from _convergence_worker import make_model
     from transformers import Trainer, TrainingArguments, default_data_collator
 
     from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+    from recipes.benchmarks._convergence_worker import make_model
 
     h, rounds, batch, warmup = settings["inner_steps"], settings["rounds"], settings["batch_size"], settings["warmup"]
     total = h * rounds
@@ -208,7 +207,7 @@ def run_variant(variant: str, settings: dict, tokenizer, lm, output_dir: str) ->
 
 
 def _rounds(output_dir: str) -> list[dict]:
-    from adloco_hf.plotting import load_rounds
+    from adloco_hf.run_log import load_rounds
 
     return load_rounds(output_dir)
 
@@ -339,7 +338,8 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     import torch
     import transformers
-    from _convergence_worker import load_data
+
+    from recipes.benchmarks._convergence_worker import load_data
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is visible")
