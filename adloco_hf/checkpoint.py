@@ -20,6 +20,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 __all__ = [
     "RANK_STATE_DIR",
+    "check_rank_states",
     "atomic_directory",
     "atomic_write_text",
     "load_rank_state",
@@ -255,6 +256,22 @@ def save_rank_state(checkpoint_dir: str, rank: int, state: dict[str, Any]) -> st
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
+
+
+def check_rank_states(checkpoint_dir: str, world_size: int) -> None:
+    """Refuse, before anything is loaded, a checkpoint that was not written by AdLoCo with `world_size` workers."""
+    state_dir = os.path.join(checkpoint_dir, RANK_STATE_DIR)
+    if not os.path.isdir(state_dir):
+        raise ValueError(
+            f"{checkpoint_dir} has no {RANK_STATE_DIR}/ folder: it was not written by AdLoCoTrainer "
+            "(or was saved with save_only_model=True); start a new run from its weights instead"
+        )
+    saved = sorted(f for f in os.listdir(state_dir) if f.startswith("rank-") and f.endswith(".pt"))
+    if len(saved) != world_size:
+        raise ValueError(
+            f"{checkpoint_dir} was written by {len(saved)} workers but this run has {world_size}; resume with "
+            f"{len(saved)} processes (per-worker optimizer, data and instance state cannot be split or joined)"
+        )
 
 
 def load_rank_state(checkpoint_dir: str, rank: int) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from .batches import batch_length, count_tokens, split_inputs
 from .callback import AdLoCoCallback
 from .checkpoint import (
-    RANK_STATE_DIR,
+    check_rank_states,
     load_rank_state,
     model_card,
     publish_checkpoint,
@@ -300,19 +300,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         """Load the weights as the Trainer does, then this worker's AdLoCo state (refusing another world size)."""
-        state_dir = os.path.join(resume_from_checkpoint, RANK_STATE_DIR)
-        if not os.path.isdir(state_dir):
-            raise ValueError(
-                f"{resume_from_checkpoint} has no {RANK_STATE_DIR}/ folder: it was not written by AdLoCoTrainer "
-                "(or was saved with save_only_model=True); start a new run from its weights instead"
-            )
-        saved = sorted(f for f in os.listdir(state_dir) if f.startswith("rank-") and f.endswith(".pt"))
-        if len(saved) != self.args.world_size:
-            raise ValueError(
-                f"{resume_from_checkpoint} was written by {len(saved)} workers but this run has "
-                f"{self.args.world_size}; resume with {len(saved)} processes (per-worker optimizer, data and "
-                "instance state cannot be split or joined)"
-            )
+        check_rank_states(resume_from_checkpoint, self.args.world_size)
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         self.worker.load_state_dict(load_rank_state(resume_from_checkpoint, self.args.process_index))
 

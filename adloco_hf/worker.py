@@ -385,13 +385,8 @@ class Worker:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Keep a checkpoint's state until `start` (models and optimizers are set up in between)."""
-        if state["world_size"] != self.world_size:
-            raise ValueError(
-                f"the checkpoint was written by {state['world_size']} workers but this run has {self.world_size}; "
-                f"resume with {state['world_size']} processes (per-worker optimizer, data and instance state "
-                "cannot be split or joined)"
-            )
+        """Keep a checkpoint's state until `start` (models and optimizers are set up in between). The trainer has
+        checked that the checkpoint has one state per worker of this run (`checkpoint.check_rank_states`)."""
         self._pending = state
 
     def _restore(self, state: dict[str, Any]) -> None:

@@ -41,3 +41,30 @@ def test_bad_arguments_are_refused():
         plan_batch(4, 8, 0.5)
     with pytest.raises(ValueError):
         split_sizes(3, 4)
+
+
+def test_plan_step_splits_the_last_step_of_a_round_for_statistics():
+    from adloco_hf.switch_mode import Statistics, StepPlan, plan_step
+
+    whole = plan_batch(6, 8)
+    kwargs = dict(measure=True, next_last_of_round=False, has_previous=False)
+    assert plan_step(6, whole, last_of_round=False, **kwargs) == StepPlan((6,))
+    assert plan_step(6, whole, last_of_round=True, **kwargs) == StepPlan((3, 3), Statistics.SPLIT)
+    assert plan_step(6, whole, last_of_round=True, **{**kwargs, "measure": False}) == StepPlan((6,))
+    # An accumulating step's chunks are its groups; they are the same chunks with or without statistics.
+    accumulating = plan_batch(20, 8)
+    assert plan_step(20, accumulating, last_of_round=True, **kwargs) == StepPlan((7, 7, 6), Statistics.SPLIT)
+    assert plan_step(20, accumulating, last_of_round=False, **kwargs) == StepPlan((7, 7, 6))
+
+
+def test_plan_step_pairs_one_sample_batches_with_the_previous_step():
+    from adloco_hf.switch_mode import Statistics, StepPlan, plan_step
+
+    one = plan_batch(1, 8)
+    before_last = plan_step(1, one, measure=True, last_of_round=False, next_last_of_round=True, has_previous=False)
+    assert before_last == StepPlan((1,), Statistics.NONE, remember_gradient=True)
+    last = plan_step(1, one, measure=True, last_of_round=True, next_last_of_round=False, has_previous=True)
+    assert last == StepPlan((1,), Statistics.PREVIOUS)
+    # A one-round run (the last step is also the first) has nothing to pair with.
+    alone = plan_step(1, one, measure=True, last_of_round=True, next_last_of_round=True, has_previous=False)
+    assert alone == StepPlan((1,), Statistics.NONE, remember_gradient=True)
