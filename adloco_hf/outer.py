@@ -144,7 +144,7 @@ class GlobalModel:
     def state_dict(self) -> dict:
         return {
             "phi": self.phi.detach().cpu().clone(),
-            "momentum": None if self.momentum is None else self.momentum.cpu(),
+            "momentum": None if self.momentum is None else self.momentum.detach().cpu().clone(),
         }
 
     def load_state_dict(self, state: dict) -> None:

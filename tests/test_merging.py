@@ -1,0 +1,298 @@
+"""Merges (DESIGN §3.4) carried out over real gloo point-to-point messages between the instances' workers.
+
+Four workers; every instance has its own φ and outer momentum (all its workers hold the same replica), every worker
+its own inner AdamW state. Each worker runs `execute_merge` with the plan every rank computes from the same table,
+then `final_merge`; it returns its state before and after, and the parent checks it against the plan's weights.
+"""
+
+import copy
+
+import pytest
+import torch
+from distributed_helpers import run_workers
+
+from adloco_hf.instances import Instance, instance_of, plan_merge, plan_transfers
+from adloco_hf.merging import execute_merge, final_merge
+from adloco_hf.outer import GlobalModel
+
+
+WORLD = 4
+NUMEL = 5 * 4 + 4 + 4 * 3 + 3
+
+
+def _table(*rows) -> list[Instance]:
+    """Instances from (id, workers, per-worker batch size) rows; demand = b × workers."""
+    return [Instance(i, tuple(workers), b) for i, workers, b in rows]
+
+
+# name -> (instances before the merge, whether the outer SGD has momentum, instances that start without momentum)
+MERGES = {
+    # Two instances of two workers; the survivor {0, 1} (demand 6) absorbs {2, 3} (demand 2): weights 3/4, 1/4.
+    "two_instances": (_table((0, (0, 1), 3), (1, (2, 3), 1)), True, ()),
+    "two_instances_no_momentum": (_table((0, (0, 1), 3), (1, (2, 3), 1)), False, ()),
+    # The merged-away instance has not stepped yet: its momentum counts as zero.
+    "two_instances_fresh_momentum": (_table((0, (0, 1), 3), (1, (2, 3), 1)), True, (1,)),
+    # Demands 2, 3, 1: instance 2 ({2}) merges into instance 0 ({0, 3}), weights 2/3, 1/3; worker 2 sends its
+    # weights to the survivor and then joins instance 1 ({1}) in the same merge.
+    "three_instances_survivor_has_rank_0": (_table((0, (0, 3), 1), (1, (1,), 3), (2, (2,), 1)), True, ()),
+    # Demands 8, 1, 2: instance 1 ({1}) merges into instance 2 ({2}), weights 2/3, 1/3; worker 1 then joins
+    # instance 0, and the survivor's weights go to rank 0 (the checkpoint writer) in a "save" message.
+    "three_instances_save_to_writer": (_table((0, (0, 3), 4), (1, (1,), 1), (2, (2,), 2)), True, ()),
+}
+
+# Final merges of tables as they can stand at the end of training (demands need not be b × workers after merges).
+FINALS = {
+    "two_instances": [Instance(0, (0, 1), 3), Instance(1, (2, 3), 1)],
+    "three_instances": [Instance(0, (0, 3), 1), Instance(1, (1,), 3), Instance(2, (2,), 1, demand=5.0)],
+    "one_instance": [Instance(0, (0, 1, 2, 3), 2)],
+}
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
+
+
+def _flat(params) -> torch.Tensor:
+    return torch.cat([p.detach().float().reshape(-1) for p in params]).clone()
+
+
+def _instance_phi(instance_id: int, case: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """φ_i and outer momentum m_i of an instance (the same on all its workers, different between instances)."""
+    generator = torch.Generator().manual_seed(100 + instance_id + 1000 * len(case))
+    return torch.randn(NUMEL, generator=generator), torch.randn(NUMEL, generator=generator)
+
+
+def _worker_state(rank: int, instances: list[Instance], case: str, *, momentum: bool, fresh=()):
+    """This worker's model, global model and inner AdamW, as at the end of a round (θ = φ of its instance)."""
+    params = list(_model().parameters())
+    gm = GlobalModel(params, device=torch.device("cpu"), lr=0.7, momentum=0.9 if momentum else 0.0, nesterov=False)
+    inner = torch.optim.AdamW(params, lr=1e-2)
+    generator = torch.Generator().manual_seed(500 + rank)
+    for _ in range(rank + 1):  # distinct moments and step counts per worker
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=generator)
+        inner.step()
+    inst = instance_of(instances, rank)
+    phi, m = _instance_phi(inst.id, case)
+    gm.load_flat(phi, m if momentum and inst.id not in fresh else None)
+    gm.copy_to_params()
+    return params, gm, inner
+
+
+def _snapshot(gm: GlobalModel, inner) -> dict:
+    return {
+        "phi": gm.phi.detach().clone(),
+        "momentum": None if gm.momentum is None else gm.momentum.clone(),
+        "theta": _flat(gm.params),
+        "inner": copy.deepcopy(inner.state_dict()),
+    }
+
+
+def merging_worker(rank: int, world_size: int) -> dict:
+    out = {}
+    for case, (instances, momentum, fresh) in MERGES.items():
+        plan = plan_merge(instances, policy="smallest_pair", num_workers=world_size)
+        transfers = plan_transfers(plan, writer_rank=0, save=True)
+        _, gm, inner = _worker_state(rank, instances, case, momentum=momentum, fresh=fresh)
+        before = _snapshot(gm, inner)
+        outcome = execute_merge(
+            plan, transfers, rank=rank, global_model=gm, inner_optimizer=inner, with_momentum=momentum
+        )
+        record = {
+            "before": before,
+            "after": _snapshot(gm, inner),
+            "sent_bytes": outcome.sent_bytes,
+            "merged_phi": None if outcome.merged_phi is None else outcome.merged_phi.clone(),
+            "changed_instance": outcome.changed_instance,
+        }
+        # Training ends after this merge: the final merge of the surviving instances.
+        record["final_bytes"] = final_merge(list(plan.after), rank=rank, global_model=gm)
+        record["final"] = _snapshot(gm, inner)
+        out[f"merge/{case}"] = record
+    for case, instances in FINALS.items():
+        _, gm, inner = _worker_state(rank, instances, case, momentum=True)
+        before = _snapshot(gm, inner)
+        sent = final_merge(instances, rank=rank, global_model=gm)
+        out[f"final/{case}"] = {"before": before, "after": _snapshot(gm, inner), "sent_bytes": sent}
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list[dict]:
+    return run_workers(merging_worker, WORLD, tmp_path_factory.mktemp("merging"))
+
+
+def _instance_state(records, instances, instance_id):
+    """φ and momentum of an instance before the merge, read from its first worker."""
+    first = next(inst for inst in instances if inst.id == instance_id).first_worker
+    return records[first]["before"]["phi"], records[first]["before"]["momentum"]
+
+
+def _assert_same_inner_state(actual: dict, expected: dict):
+    assert actual["param_groups"] == expected["param_groups"]
+    assert actual["state"].keys() == expected["state"].keys()
+    for index, values in expected["state"].items():
+        assert actual["state"][index].keys() == values.keys()
+        for key, value in values.items():
+            assert torch.equal(actual["state"][index][key], value), (index, key)
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 1e-6) -> bool:
+    return (actual.double() - expected.double()).abs().max().item() <= tol
+
+
+def test_the_cases_are_the_ones_described():
+    """The comments above MERGES describe the plans; a change in the planner must not silently change the test."""
+    summary = {}
+    for case, (instances, _, _) in MERGES.items():
+        plan = plan_merge(instances, policy="smallest_pair", num_workers=WORLD)
+        kinds = [(t.kind, t.src, t.dst) for t in plan_transfers(plan, writer_rank=0, save=True)]
+        after = {inst.id: inst.workers for inst in plan.after}
+        summary[case] = (plan.survivor, plan.merged, plan.weights, after, kinds)
+    two = (
+        0, 1, (0.75, 0.25), {0: (0, 1, 2, 3)},
+        [("merge_input", 2, 0), ("global", 0, 1), ("global", 0, 2), ("global", 0, 3), ("inner", 0, 2), ("inner", 0, 3)],
+    )  # fmt: skip
+    assert summary["two_instances"] == two
+    assert summary["two_instances_no_momentum"] == two
+    assert summary["two_instances_fresh_momentum"] == two
+    assert summary["three_instances_survivor_has_rank_0"] == (
+        0, 2, (2 / 3, 1 / 3), {0: (0, 3), 1: (1, 2)},
+        [("merge_input", 2, 0), ("global", 0, 3), ("global", 1, 2), ("inner", 1, 2)],
+    )  # fmt: skip
+    assert summary["three_instances_save_to_writer"] == (
+        2, 1, (2 / 3, 1 / 3), {0: (0, 1, 3), 2: (2,)},
+        [("merge_input", 1, 2), ("global", 0, 1), ("inner", 0, 1), ("save", 2, 0)],
+    )  # fmt: skip
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", list(MERGES))
+def test_every_worker_of_the_survivor_holds_the_demand_weighted_average(runs, case):
+    instances, momentum, _ = MERGES[case]
+    plan = plan_merge(instances, policy="smallest_pair", num_workers=WORLD)
+    records = [r[f"merge/{case}"] for r in runs]
+    phi_s, m_s = _instance_state(records, instances, plan.survivor)
+    phi_m, m_m = _instance_state(records, instances, plan.merged)
+    w_s, w_m = plan.weights
+    expected_phi = w_s * phi_s.double() + w_m * phi_m.double()
+    survivor = next(inst for inst in plan.after if inst.id == plan.survivor)
+    for rank in survivor.workers:
+        after = records[rank]["after"]
+        assert _close(after["phi"], expected_phi), rank
+        assert torch.equal(after["phi"], records[survivor.first_worker]["after"]["phi"])  # bit-identical replicas
+        assert torch.equal(after["theta"], after["phi"])  # θ ← φ
+        if momentum:
+            zero = torch.zeros(NUMEL, dtype=torch.float64)
+            expected_m = w_s * (zero if m_s is None else m_s.double()) + w_m * (zero if m_m is None else m_m.double())
+            assert _close(after["momentum"], expected_m), rank
+        else:
+            assert after["momentum"] is None
+    # The merged weights are what the checkpoint writer (rank 0) gets to save, wherever it now works.
+    assert _close(records[0]["merged_phi"], expected_phi)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", list(MERGES))
+def test_workers_that_change_instance_take_its_state_and_its_first_workers_inner_state(runs, case):
+    instances, momentum, _ = MERGES[case]
+    plan = plan_merge(instances, policy="smallest_pair", num_workers=WORLD)
+    records = [r[f"merge/{case}"] for r in runs]
+    before_of = {rank: instance_of(instances, rank).id for rank in range(WORLD)}
+    survivor_before = next(inst for inst in instances if inst.id == plan.survivor).workers
+    moved = []
+    for inst in plan.after:
+        first = records[inst.first_worker]
+        for rank in inst.workers:
+            record = records[rank]
+            # Joining: the survivor's workers from the merged-away instance, or any worker whose instance changed.
+            joined = rank not in survivor_before if inst.id == plan.survivor else before_of[rank] != inst.id
+            assert record["changed_instance"] == joined, rank
+            if joined:
+                moved.append(rank)
+                _assert_same_inner_state(record["after"]["inner"], first["before"]["inner"])
+                assert torch.equal(record["after"]["phi"], first["after"]["phi"])
+                assert torch.equal(record["after"]["theta"], first["after"]["phi"])
+                if momentum:
+                    assert torch.equal(record["after"]["momentum"], first["after"]["momentum"])
+            else:
+                _assert_same_inner_state(record["after"]["inner"], record["before"]["inner"])  # untouched
+    assert moved  # every case moves someone
+    # Instances other than the survivor keep their weights and momentum.
+    for inst in plan.after:
+        if inst.id != plan.survivor:
+            phi, m = _instance_state(records, instances, inst.id)
+            for rank in inst.workers:
+                assert torch.equal(records[rank]["after"]["phi"], phi)
+                assert torch.equal(records[rank]["after"]["theta"], phi)
+                if momentum:
+                    assert torch.equal(records[rank]["after"]["momentum"], m)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", list(MERGES))
+def test_sent_bytes_add_up_to_the_messages(runs, case):
+    instances, momentum, _ = MERGES[case]
+    plan = plan_merge(instances, policy="smallest_pair", num_workers=WORLD)
+    transfers = plan_transfers(plan, writer_rank=0, save=True)
+    records = [r[f"merge/{case}"] for r in runs]
+    global_bytes = NUMEL * 4 * (2 if momentum else 1)
+    for rank in range(WORLD):
+        mine = [t for t in transfers if t.src == rank]
+        expected = sum(global_bytes for t in mine if t.kind in ("merge_input", "global"))
+        expected += sum(NUMEL * 4 for t in mine if t.kind == "save")
+        inner = [t for t in mine if t.kind == "inner"]
+        if inner:
+            # An inner state is its length (8 bytes) and its serialized bytes: more than its three tensors.
+            assert records[rank]["sent_bytes"] > expected + len(inner) * (8 + 2 * NUMEL * 4)
+        else:
+            assert records[rank]["sent_bytes"] == expected, rank
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", list(FINALS))
+def test_final_merge_leaves_every_worker_with_the_demand_weighted_average(runs, case):
+    instances = FINALS[case]
+    records = [r[f"final/{case}"] for r in runs]
+    total = sum(inst.demand for inst in instances)
+    expected = sum(inst.demand / total * records[inst.first_worker]["before"]["phi"].double() for inst in instances)
+    for rank, record in enumerate(records):
+        after = record["after"]
+        assert _close(after["phi"], expected), rank
+        assert torch.equal(after["phi"], records[0]["after"]["phi"])  # bit-identical on every rank
+        assert torch.equal(after["theta"], after["phi"])
+    if len(instances) == 1:
+        assert [r["sent_bytes"] for r in records] == [0] * WORLD
+        for record in records:  # nothing happened: the momentum is kept
+            assert torch.equal(record["after"]["momentum"], record["before"]["momentum"])
+    else:
+        firsts = {inst.first_worker for inst in instances}
+        for rank, record in enumerate(records):
+            assert record["after"]["momentum"] is None  # the final model has no outer state
+            # Each other first worker sends φ to rank 0; rank 0 broadcasts the result (counted once, by rank 0).
+            assert record["sent_bytes"] == (NUMEL * 4 if rank in firsts else 0), rank
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", list(MERGES))
+def test_a_merge_then_the_final_merge_averages_the_surviving_instances(runs, case):
+    instances, _, _ = MERGES[case]
+    plan = plan_merge(instances, policy="smallest_pair", num_workers=WORLD)
+    records = [r[f"merge/{case}"] for r in runs]
+    total = sum(inst.demand for inst in plan.after)
+    assert total == sum(inst.demand for inst in instances)  # the survivor inherits both demands
+    expected = sum(inst.demand / total * records[inst.first_worker]["after"]["phi"].double() for inst in plan.after)
+    for rank, record in enumerate(records):
+        assert _close(record["final"]["phi"], expected), rank
+        assert torch.equal(record["final"]["phi"], records[0]["final"]["phi"])
+        assert torch.equal(record["final"]["theta"], record["final"]["phi"])
+
+
+def test_final_merge_without_a_process_group_changes_nothing():
+    params = list(_model().parameters())
+    gm = GlobalModel(params, device=torch.device("cpu"), lr=1.0, momentum=0.0, nesterov=False)
+    phi = gm.phi.detach().clone()
+    instances = [Instance(0, (0,), 2), Instance(1, (1,), 2)]  # as a table would read, but this process is alone
+    assert final_merge(instances, rank=0, global_model=gm) == 0
+    assert torch.equal(gm.phi.detach(), phi)
