@@ -122,6 +122,9 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
 
     def _maybe_end_round(self) -> None:
         step = self.state.global_step
+        # The sampler never runs out, so the Trainer's epoch is max_steps steps long; it counts from the resumed
+        # step's position, not from 0, so a resumed run logs the epochs an uninterrupted one does.
+        self.state.epoch = step / self.state.max_steps
         if self.worker.is_round_end(step) and step != self.worker.last_synced_step:
             self._after_round(self.worker.end_round(step))
 

@@ -41,6 +41,7 @@ from .initialise import initialise_weights, resolve_max_batch_size
 from .instances import Instance, MergePlan, initial_instances, instance_of, plan_transfers
 from .lr_scaling import apply_lr_factor, check_scheduler, lr_factor
 from .outer import DTYPES, GlobalModel
+from .rng import get_rng_state, set_rng_state
 from .rounds import (
     AdLoCoState,
     MergeResult,
@@ -99,6 +100,7 @@ class Worker:
         self.totals = RunTotals()
         self._tally = _RoundTally()
         self._pending: dict[str, Any] | None = None  # a checkpoint's state, applied by `start`
+        self._rng_to_restore: dict[str, Any] | None = None
         self._train_start = time.time()
         self._base_lrs: list[float] = []  # the scheduler's rates before lr_batch_scaling
         self._model = self._optimizer = self._scheduler = self._sampler = self._scaler = None
@@ -204,6 +206,9 @@ class Worker:
 
     def plan_step(self, step: int, batch: int) -> StepPlan:
         """How to run the inner step about to start (0-based `step`) on a batch of `batch` samples."""
+        if self._rng_to_restore is not None:
+            set_rng_state(self._rng_to_restore)  # the first step after a resume draws what the saved run would have
+            self._rng_to_restore = None
         return plan_step(
             batch,
             self.plan,
@@ -382,6 +387,7 @@ class Worker:
             "sampler": self._sampler.state_dict(),
             "scaler": None if self._scaler is None else self._scaler.state_dict(),
             "totals": {**asdict(self.totals), "elapsed": elapsed},
+            "rng": get_rng_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -403,4 +409,5 @@ class Worker:
         self._sampler.load_state_dict(state["sampler"])
         if self._scaler is not None and state["scaler"] is not None:
             self._scaler.load_state_dict(state["scaler"])
+        self._rng_to_restore = state.get("rng")  # right before the first inner step, see `rng.py`
         self._pending = None

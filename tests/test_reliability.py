@@ -26,11 +26,13 @@ RESUME_CONFIG = dict(
 
 
 def spec_for(out, probe, world_size=2, config=None, **extra):
+    # Every run here has dropout (0.1 on attention): resuming must restore each worker's random generators too.
     return {
         "output_dir": out,
         "world_size": world_size,
         "probe_dir": probe,
         "config": {"output_dir": out, **(config or RESUME_CONFIG)},
+        "dropout": 0.1,
         **extra,
     }
 
@@ -45,6 +47,11 @@ def run_spec(spec, world_size=2, timeout=300, expect_failure=False):
 
 def merged_params(out):
     return flat_params(AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged")))
+
+
+def logged_epochs(out):
+    state = json.load(open(os.path.join(out, "checkpoint-30", "trainer_state.json")))
+    return [(entry["step"], round(entry["epoch"], 6)) for entry in state["log_history"] if "epoch" in entry]
 
 
 def rounds_of(out):
@@ -74,6 +81,8 @@ def test_stop_and_resume_ends_with_the_same_merged_model(tmp_path):
     full_rounds, part_rounds = rounds_of(full), rounds_of(part)
     assert comparable(part_rounds) == comparable(full_rounds)
     assert any(line["merged_from"] for line in full_rounds if line["outer_step"] == 4)  # merged after the resume
+    # The resumed run logs the epochs the uninterrupted one does (they do not restart from 0 at the resume).
+    assert logged_epochs(part) == logged_epochs(full) and logged_epochs(full)[-1] == (30, 1.0)
     assert full_rounds[-1]["batch_size"] > 2  # batches grew along the way
 
     # Resuming with another number of workers is refused before training.

@@ -204,7 +204,9 @@ def main() -> None:
     atexit.register(record_exit_state, os.path.join(probe_dir, f"exit-rank{rank}.json"))
     data = sequence_dataset(spec.get("num_samples", 512))
     eval_data = data.select(range(spec.get("num_eval", 48))) if spec.get("eval") else None
-    model = tiny_model(hidden_size=48) if spec.get("mismatch_rank") == rank else tiny_model()
+    # Attention dropout makes a resumed run depend on every worker's random generators, not only on its weights.
+    dropout = {"attention_dropout": spec["dropout"]} if spec.get("dropout") else {}
+    model = tiny_model(hidden_size=48, **dropout) if spec.get("mismatch_rank") == rank else tiny_model(**dropout)
     trainer = RecordingTrainer(model=model, args=args, train_dataset=data, eval_dataset=eval_data)
     if spec.get("kill_in_save") is not None:
         kill_step, original_save = spec["kill_in_save"], trainer_module.save_rank_state
