@@ -114,7 +114,7 @@ def test_table_aligns_and_marks_missing_cells():
 
 def test_human_bytes():
     assert _common.human_bytes(512) == "512 B"
-    assert _common.human_bytes(7_769_856) == "7.8 MB"
+    assert _common.human_bytes(7_769_856) == "7.4 MiB"
     assert _common.human_bytes(None) == "-"
 
 

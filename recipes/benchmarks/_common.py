@@ -11,11 +11,12 @@ import re
 import shutil
 import statistics
 import subprocess
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from adloco_hf.checkpoint import atomic_write_text
 from adloco_hf.outer import ring_all_reduce_bytes  # one byte model for DDP and AdLoCo alike
+from adloco_hf.report import format_bytes
 
 
 __all__ = [
@@ -132,13 +133,8 @@ def median_spread(values: Sequence[float]) -> dict[str, float]:
 
 
 def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+    """The library's byte formatter (binary units, as the run log and summary print them); `-` for a missing value."""
+    return "-" if n is None else format_bytes(n)
 
 
 def _cell(value: Any) -> str:
@@ -168,16 +164,6 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
 
 
 def write_json(path: str, obj: Any) -> None:
-    """Write JSON atomically (temporary file + rename): a reader never sees half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, allow_nan=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    """Write JSON atomically (the library's `atomic_write_text`): a reader never sees half a file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write_text(path, json.dumps(obj, indent=2, allow_nan=True) + "\n")
