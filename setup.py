@@ -17,7 +17,8 @@ install_requires = [
 
 extras = {
     # ruff is pinned: its formatter and rules change between releases and `make quality` runs in CI.
-    "dev": ["pytest>=8.0", "pytest-timeout>=2.3", "ruff==0.17.6"],
+    # peft: tests/test_peft.py trains a LoRA adapter (pinned to the release tested with transformers 5.23).
+    "dev": ["pytest>=8.0", "pytest-timeout>=2.3", "ruff==0.17.6", "peft==0.21.2"],
 }
 
 setup(

@@ -8,6 +8,7 @@ from .batch_size import (
 )
 from .callback import AdLoCoCallback
 from .config import AdLoCoConfig
+from .hub import HubUploadError
 from .rounds import AdLoCoState
 from .sampler import AdaptiveBatchSampler
 from .switch_mode import BatchPlan, plan_batch
@@ -23,6 +24,7 @@ __all__ = [
     "AdLoCoState",
     "AdLoCoTrainer",
     "AdaptiveBatchSampler",
+    "HubUploadError",
     "BatchPlan",
     "Worker",
     "augmented_inner_product_test",

@@ -1,4 +1,4 @@
-"""Files AdLoCo writes: merged safetensors checkpoints with a model card, per-rank resume state, atomically.
+"""Files AdLoCo writes: merged safetensors checkpoints, per-rank resume state, atomically (cards: `model_card.py`).
 
 Every folder is written under a temporary name next to its destination and renamed into place, so a process that
 dies while saving never leaves a half-written checkpoint where a complete one was expected. Model weights are
@@ -24,7 +24,6 @@ __all__ = [
     "atomic_directory",
     "atomic_write_text",
     "load_rank_state",
-    "model_card",
     "publish_files",
     "publish_checkpoint",
     "rank_state_path",
@@ -193,53 +192,6 @@ def save_global_weights(folder: str, model, trainable_values: list[torch.Tensor]
     return save_model_folder(
         folder, model, state_dict=state_dict_with(model, dict(zip(names, trainable_values))), **kwargs
     )
-
-
-def model_card(
-    *,
-    title: str,
-    settings: dict[str, Any],
-    summary: dict[str, Any] | None = None,
-    base_model: str | None = None,
-    datasets: list[str] | None = None,
-) -> str:
-    """A model card (README.md with Hub metadata) recording how the model was trained with AdLoCo."""
-    meta = ["---", "library_name: transformers", "tags:", "- adloco", "- diloco", "- adloco_hf"]
-    if base_model:
-        meta.append(f"base_model: {base_model}")
-    if datasets:
-        meta += ["datasets:", *[f"- {d}" for d in datasets]]
-    meta.append("---")
-    lines = [
-        *meta,
-        "",
-        f"# {title}",
-        "",
-        "Trained with [adloco_hf](https://github.com/adloco-hf/adloco_hf): AdLoCo ([arXiv 2508.18182]"
-        "(https://arxiv.org/abs/2508.18182)), low-communication DiLoCo training with adaptive batch sizes and several "
-        "model instances merged as training goes on. This checkpoint is the demand-weighted average of the instances "
-        "that remained.",
-        "",
-        "## AdLoCo settings",
-        "",
-        "| setting | value |",
-        "|---|---|",
-        *[f"| `{k}` | `{v}` |" for k, v in settings.items()],
-    ]
-    if summary:
-        lines += ["", "## Run", "", "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in summary.items()]]
-    lines += [
-        "",
-        "## Use",
-        "",
-        "```python",
-        "from transformers import AutoModelForCausalLM",
-        "",
-        'model = AutoModelForCausalLM.from_pretrained("path/or/repo")',
-        "```",
-        "",
-    ]
-    return "\n".join(lines)
 
 
 def rank_state_path(checkpoint_dir: str, rank: int) -> str:

@@ -1,11 +1,18 @@
 """Configuration of AdLoCo training: `TrainingArguments` plus the rounds, instances and batch-size test."""
 
+import os
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from .batch_size import BATCH_SIZE_TESTS
+from .compat import (
+    has_distributed_accelerator,
+    refuse_what_adloco_cannot_honour,
+    warn_about_what_works_badly,
+    warn_once,
+)
 from .lr_scaling import LR_SCALING_RULES
 
 
@@ -64,6 +71,11 @@ class AdLoCoConfig(TrainingArguments):
             with seed `seed + i`.
         save_merges (`bool`, *optional*, defaults to `True`):
             Save every merge as a safetensors checkpoint under `{output_dir}/merges/outer-{n}/`.
+        save_merged_full (`bool`, *optional*, defaults to `False`):
+            For a PEFT model (e.g. LoRA), `{output_dir}/merged/` holds the trained adapter (load it with
+            `PeftModel.from_pretrained`); with `True` the adapter fused into its base (`merge_and_unload`, on a CPU
+            copy) is also saved to `{output_dir}/merged-full/`, loadable with `AutoModelForCausalLM` alone, and
+            pushed to the repo's `merged-full/`. No effect for a model without an adapter.
 
         > Parameters that control the batch size (adaptive batching and switch mode)
 
@@ -133,6 +145,10 @@ class AdLoCoConfig(TrainingArguments):
         },
     )
     save_merges: bool = field(default=True, metadata={"help": "Save every merge under {output_dir}/merges/."})
+    save_merged_full: bool = field(
+        default=False,
+        metadata={"help": "For a PEFT adapter, also save it fused into its base under {output_dir}/merged-full/."},
+    )
     batch_size_test: str = field(
         default="norm",
         metadata={"help": "The adaptive batch-size test.", "choices": list(BATCH_SIZE_TESTS)},
@@ -179,8 +195,25 @@ class AdLoCoConfig(TrainingArguments):
         if isinstance(self.max_batch_size, str) and self.max_batch_size.strip().isdigit():
             self.max_batch_size = int(self.max_batch_size)
         self._validate_adloco()
+        refuse_what_adloco_cannot_honour(self)
+        self._form_cpu_world()
         super().__post_init__()
         self._validate_schedule()
+        warn_about_what_works_badly(self)
+
+    def _form_cpu_world(self) -> None:
+        """`accelerate launch --multi_gpu --num_processes N` on a machine without a GPU: without `use_cpu=True` every
+        process would see a world of one and train alone into the same output_dir (DESIGN §6). The device is set up
+        by `super().__post_init__()` or later, so setting `use_cpu` here forms the gloo group."""
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.use_cpu or world_size <= 1 or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"):
+            return
+        if not has_distributed_accelerator():
+            self.use_cpu = True
+            warn_once(
+                f"WORLD_SIZE={world_size} and no GPU: AdLoCoConfig sets use_cpu=True so that the {world_size} "
+                "processes form one gloo group on the CPU (pass use_cpu=True yourself to silence this)."
+            )
 
     def _validate_adloco(self) -> None:
         """Checks that need nothing from TrainingArguments; each message names the field and the fix."""

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .report import byte_unit, format_bytes, format_count, instance_label, summarize_records
+from .report import byte_unit, first_dataset_evals, format_bytes, format_count, instance_label, summarize_records
 from .run_log import MERGED, group_by_round, is_finite_number, load_evals, load_rounds
 
 
@@ -65,6 +65,8 @@ def plot_run(output_dir: str | os.PathLike, path: str | os.PathLike | None = Non
     path = Path(path) if path is not None else output_dir / PLOT_FILE
     rounds, evals = load_rounds(output_dir), load_evals(output_dir)
     summary = summarize_records(rounds, evals, output_dir)
+    evals = first_dataset_evals(evals)  # with several eval datasets, the first one's (as the summary)
+    eval_name = "eval loss" if not evals or evals[0].get("dataset") is None else f"eval loss on {evals[0]['dataset']}"
     by_round = group_by_round(rounds)
     tokens = _round_tokens(by_round)
     steps = list(by_round)
@@ -147,9 +149,11 @@ def plot_run(output_dir: str | os.PathLike, path: str | os.PathLike | None = Non
         ax_loss.text(0.5, 0.5, "no finite loss logged", transform=ax_loss.transAxes, ha="center", color="0.4")
     legend = [Line2D([], [], lw=1, marker=".", ms=4, color="0.4", label="train loss (per instance)")]
     if any(e.get("instance") != MERGED for e in evals):
-        legend.append(Line2D([], [], ls="", marker="o", ms=6, color="0.6", mec="k", label="eval loss (per instance)"))
+        legend.append(
+            Line2D([], [], ls="", marker="o", ms=6, color="0.6", mec="k", label=f"{eval_name} (per instance)")
+        )
     if any(e.get("instance") == MERGED for e in evals):
-        legend.append(Line2D([], [], ls="", marker="D", ms=8, color="k", label="eval loss (merged model)"))
+        legend.append(Line2D([], [], ls="", marker="D", ms=8, color="k", label=f"{eval_name} (merged model)"))
     ax_loss.legend(handles=legend, fontsize=9, loc="best")
     ax_loss.set_title("(c) loss")
     ax_loss.set_ylabel("cross-entropy")

@@ -25,6 +25,7 @@ __all__ = [
     "format_bytes",
     "format_count",
     "format_duration",
+    "first_dataset_evals",
     "format_summary",
     "instance_label",
     "summarize_records",
@@ -102,9 +103,13 @@ def _demand(record: dict[str, Any]) -> int:
 
 
 def _perplexity(record: dict[str, Any]) -> float | None:
+    """A line's perplexity. Lines that name their `dataset` carry `eval_perplexity` exactly when the model is a causal
+    LM (a classifier's has none); older lines without it get exp(eval_loss)."""
     perplexity = record.get("eval_perplexity")
     if is_finite_number(perplexity):
         return float(perplexity)
+    if "dataset" in record:
+        return None
     loss = record.get("eval_loss")
     if is_finite_number(loss):
         try:
@@ -112,6 +117,13 @@ def _perplexity(record: dict[str, Any]) -> float | None:
         except OverflowError:
             return math.inf
     return None
+
+
+def first_dataset_evals(evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The evaluation lines of one eval dataset, the first named in the file (every line for a single dataset): with
+    `eval_dataset={"in": ..., "other": ...}` the summary and the plot follow "in" alone."""
+    first = evals[0].get("dataset") if evals else None
+    return [record for record in evals if record.get("dataset") == first]
 
 
 def summarize_run(output_dir: str | os.PathLike) -> dict[str, Any]:
@@ -128,7 +140,8 @@ def summarize_run(output_dir: str | os.PathLike) -> dict[str, Any]:
         finite), `final_eval_perplexity` with `final_eval_instance` (the merged model's last evaluation
         if there is one, else the best instance at the last evaluated step), `best_eval_perplexity` with
         `best_eval_instance` and `best_eval_step` (the lowest over all evaluations), `wall_seconds` and
-        `skipped_rounds` (instance-rounds skipped for non-finite values).
+        `skipped_rounds` (instance-rounds skipped for non-finite values). The evaluations are those of the first
+        eval dataset (`first_dataset_evals`); a model that is not a causal LM has no perplexity.
 
     Raises:
         FileNotFoundError: no rounds file. ValueError: the rounds file holds no round.
@@ -161,7 +174,7 @@ def summarize_records(
     total_demand = sum(demand for demand, _ in weighted)
     final_train_loss = sum(d * loss for d, loss in weighted) / total_demand if total_demand else None
 
-    scored = [(record, _perplexity(record)) for record in evals]
+    scored = [(record, _perplexity(record)) for record in first_dataset_evals(evals)]
     scored = [(record, perplexity) for record, perplexity in scored if perplexity is not None]
     final_eval = best_eval = None
     if scored:
@@ -216,7 +229,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
     loss = summary["final_train_loss"]
     if summary["final_eval_perplexity"] is None:
-        perplexity = "no evaluation"
+        perplexity = "none (no evaluation, or not a causal LM)"
     else:
         perplexity = (
             f"final {summary['final_eval_perplexity']:.2f} ({instance_label(summary['final_eval_instance'])}), "

@@ -158,6 +158,12 @@ class RoundLine:
     total_tokens: int = 0
     elapsed_seconds: float = 0.0
 
+    @property
+    def batch_size_used(self) -> int:
+        """Samples each worker of the instance used per inner step this round: the request `batch_size`, or
+        `max_batch_size` where switch mode capped it (a request above it but within `switch_threshold` × it)."""
+        return self.batch_size if self.accumulation_steps > 1 else self.micro_batch_size
+
     def to_json(self) -> dict[str, Any]:
         line = asdict(self)
         if line["merge_bytes"] is None:
@@ -354,7 +360,11 @@ def round_message(lines: list[RoundLine], num_instances: int, merge: MergePlan |
 
 
 def round_logs(lines: list[RoundLine], state: AdLoCoState, instances: list[Instance]) -> dict[str, float]:
-    """The `adloco/*` values a round adds to the Trainer's logs (TensorBoard, W&B, ...)."""
+    """The `adloco/*` values a round adds to the Trainer's logs (TensorBoard, W&B, ...).
+
+    `adloco/batch_size` is the mean per-worker request for the next round, over all workers; per instance,
+    `batch_size_used` is what each of its workers ran in this round and `next_batch_size` its request for the next.
+    """
     world_size = sum(len(i.workers) for i in instances)
     demand = {inst.id: inst.demand for inst in instances}
     logs = {
@@ -371,7 +381,8 @@ def round_logs(lines: list[RoundLine], state: AdLoCoState, instances: list[Insta
         logs["adloco/grad_variance"] = sum(v * d for v, d in finite) / sum(d for _, d in finite)
     for line in lines:
         prefix = f"adloco/instance_{line.instance}"
-        logs[f"{prefix}/batch_size"] = line.next_batch_size
+        logs[f"{prefix}/batch_size_used"] = line.batch_size_used
+        logs[f"{prefix}/next_batch_size"] = line.next_batch_size
         if line.train_loss is not None and math.isfinite(line.train_loss):
             logs[f"{prefix}/train_loss"] = line.train_loss
     return logs

@@ -14,7 +14,7 @@ import datasets
 import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer
-from transformers.trainer_callback import ExportableState
+from transformers.trainer_callback import ExportableState, ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from .batches import batch_length, count_tokens, split_inputs
@@ -22,15 +22,15 @@ from .callback import AdLoCoCallback
 from .checkpoint import (
     check_rank_states,
     load_rank_state,
-    model_card,
     publish_checkpoint,
     save_global_weights,
     save_rank_state,
 )
 from .config import AdLoCoConfig
+from .console import restart_rate_estimate
 from .distributed import barrier
 from .evaluation import evaluate_instances
-from .hub import MergedModelHubMixin, push_run_folder
+from .hub import MergedModelHubMixin
 from .rounds import AdLoCoState, RoundResult, merge_record, round_logs
 from .sampler import AdaptiveBatchSampler, adaptive_train_loader
 from .switch_mode import Statistics, StepPlan
@@ -79,9 +79,15 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
             )
         super().__init__(model=model, args=args, **kwargs)
         if args.num_instances > args.world_size:
+            cpu = (
+                " Without a GPU, `accelerate launch --num_processes N` alone starts ONE process: launch with "
+                f"`accelerate launch --multi_gpu --num_processes {args.num_instances} train.py` and use_cpu=True "
+                "(AdLoCoConfig sets it when no GPU is present), or --config_file accelerate_configs/cpu_4_workers.yaml."
+            )
             raise ValueError(
                 f"num_instances={args.num_instances} exceeds the {args.world_size} worker(s) of this launch; lower "
-                f"num_instances or launch at least {args.num_instances} processes (accelerate launch --num_processes)"
+                f"num_instances or launch at least {args.num_instances} processes (accelerate launch --num_processes)."
+                + (cpu if args.device.type == "cpu" else "")
             )
         if args.eval_strategy != "no" and self.eval_dataset is None:
             raise ValueError(
@@ -136,6 +142,15 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
             self.state.num_input_tokens_seen = self.worker.totals.tokens
         if self.args.logging_strategy != "no":
             self.log(round_logs(result.lines, self.worker.state, result.instances))
+        if result.merge is not None or any(line.next_batch_size != line.batch_size for line in result.lines):
+            self._restart_progress_estimate()
+
+    def _restart_progress_estimate(self) -> None:
+        """The batches change and with them the steps' speed: the progress bar's estimate of the time left restarts
+        from the next steps instead of averaging in the old speed (the bar is moved to this step right after)."""
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, ProgressCallback) and callback.training_bar is not None:
+                restart_rate_estimate(callback.training_bar, self.state.global_step)
 
     def _finish_rounds(self) -> None:
         if self.state.global_step != self.worker.last_synced_step:
@@ -143,9 +158,9 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
             self._after_round(self.worker.end_round(self.state.global_step))
         self.save_merged_model()
         if self.eval_dataset is not None and self.args.eval_strategy != "no":
-            self.evaluate(metric_key_prefix="eval_merged")
+            self.record_merged_metrics(self.evaluate(metric_key_prefix="eval_merged"))  # into the merged cards
         if self.args.push_to_hub:
-            self.push_merged_to_hub(commit_message="AdLoCo merged model (end of training)")
+            self.push_at_end_of_training()  # a failure is raised by train() once every callback saw the end
 
     # ---- data: a plain DataLoader over the adaptive sampler ----
     def get_train_dataloader(self) -> DataLoader:
@@ -241,20 +256,28 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
             model.zero_grad(set_to_none=True)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Exact token-weighted loss and perplexity of every model being trained.
+        """Exact token-weighted loss, `compute_metrics` and (causal LMs only) perplexity of every model being trained.
 
         While several instances train, each instance's global model is evaluated on the whole eval set by its own
-        workers (each takes a shard) and logged as `{prefix}_instance_{i}_loss` / `_perplexity`; `{prefix}_loss` is
-        their demand-weighted mean. With one instance (or after the final merge) all workers share the eval set.
-        `compute_metrics` runs through the Trainer's `evaluation_loop` whenever a single model is evaluated.
+        workers (each predicts a shard; `compute_metrics` runs once per instance on the joined predictions) and
+        logged as `{prefix}_instance_{i}_{metric}`; the top-level `{prefix}_{metric}` is the demand-weighted mean of
+        the instances' values (a mean of instances, not one model's; a causal LM's perplexity is that of the mean
+        loss). With one instance (or after the final merge) all workers share the eval set and `compute_metrics`
+        runs through the Trainer's `evaluation_loop`. A dict of datasets is evaluated name by name with the prefix
+        `{prefix}_{name}`, and a name evaluates that dataset of `self.eval_dataset`, as `Trainer.evaluate` does;
+        every line of `adloco_eval.jsonl` names its `dataset` (None for a single eval dataset).
         """
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("AdLoCoTrainer.evaluate needs an eval_dataset.")
+        if isinstance(dataset, str):
+            name, dataset = dataset, self.eval_dataset[dataset]
+            return evaluate_instances(self, self.worker, dataset, ignore_keys, metric_key_prefix, dataset_name=name)
         if isinstance(dataset, dict):
             metrics = {}
             for name, part in dataset.items():
-                metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
+                prefix = f"{metric_key_prefix}_{name}"
+                metrics.update(evaluate_instances(self, self.worker, part, ignore_keys, prefix, dataset_name=name))
             return metrics
         return evaluate_instances(self, self.worker, dataset, ignore_keys, metric_key_prefix)
 
@@ -320,7 +343,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
     # ---- merges and the merged model ----
     def _save_global_weights(self, folder: str, phi: torch.Tensor, *, title: str, extra: dict | None = None) -> str:
         """Save flat global weights as a `from_pretrained` folder with a model card (on the writing rank)."""
-        card = model_card(title=title, settings=self.args.adloco_settings, summary=self.worker.summary())
+        card = self.render_card(folder, title)
         return save_global_weights(
             folder,
             self.accelerator.unwrap_model(self.model),
@@ -338,12 +361,9 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         title = f"AdLoCo merge at round {round_number}"
         self._save_global_weights(folder, merge.phi, title=title, extra={"adloco_merge.json": info})
         if self.args.push_to_hub:
-            push_run_folder(
-                folder,
-                self.args,
-                hub_model_id=self.hub_model_id,
-                path_in_repo=f"merges/outer-{round_number}",
-                commit_message=f"Merge at round {round_number}",
+            # A failed upload is retried, then logged at WARNING: training goes on, the merge is on disk.
+            self.push_during_training(
+                folder, path_in_repo=f"merges/outer-{round_number}", commit_message=f"Merge at round {round_number}"
             )
 
     def save_merged_model(self, output_dir: str | None = None) -> str:
@@ -355,16 +375,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         folder = output_dir or os.path.join(self.args.output_dir, "merged")
         self.worker.finish()
         if self.is_world_process_zero():
-            self._save_global_weights(folder, self.worker.global_model.phi.detach(), title="AdLoCo merged model")
+            self.save_merged_folders(folder, self.worker.global_model.phi.detach())  # and merged-full/, cards
             logger.info("saved the merged model to %s", folder)
         barrier()
         return folder
-
-    def create_model_card(self, *args, **kwargs) -> None:
-        """The merged model's card is written by `save_merged_model`; this one goes to `output_dir`."""
-        card = model_card(
-            title="AdLoCo merged model", settings=self.args.adloco_settings, summary=self.worker.summary()
-        )
-        if self.is_world_process_zero():
-            with open(os.path.join(self.args.output_dir, "README.md"), "w", encoding="utf-8") as f:
-                f.write(card)

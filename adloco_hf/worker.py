@@ -15,7 +15,6 @@ points:
 The worker never sees the Trainer: it is handed the model, inner optimizer, scheduler, sampler and scaler.
 """
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -27,6 +26,7 @@ from . import merging
 from .batch_size import GradientStatistics
 from .checkpoint import remove_stale_staging, resume_hint
 from .config import AdLoCoConfig
+from .console import get_logger
 from .distributed import (
     ProcessGroupCache,
     WorkerMonitor,
@@ -59,7 +59,7 @@ from .switch_mode import BatchPlan, Statistics, StepPlan, plan_batch, plan_step
 
 __all__ = ["Worker"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)  # prints like the Trainer's lines, at its log_level (console.py)
 
 INNER_PRODUCT_TESTS = ("inner_product", "augmented_inner_product")
 
@@ -308,7 +308,8 @@ class Worker:
         self.last_synced_step = global_step
         if self.rank == 0:
             self.run_log.write_rounds([line.to_json() for line in lines])
-            logger.info(round_message(lines, len(self.instances), None if merge is None else merge.plan))
+            message = round_message(lines, len(self.instances), None if merge is None else merge.plan)
+            (logger.warning if any(line.skipped for line in lines) else logger.info)(message)
         return RoundResult(lines=lines, merge=merge, instances=list(self.instances))
 
     def resume_hint(self) -> str:

@@ -1,7 +1,9 @@
+import logging
+
 import pytest
 from transformers import HfArgumentParser
 
-from adloco_hf import AdLoCoConfig
+from adloco_hf import AdLoCoConfig, compat
 
 
 def make(tmp_path, **kwargs):
@@ -92,3 +94,64 @@ def test_command_line_parsing_of_adloco_fields(tmp_path):
 def test_adloco_settings_for_model_cards(tmp_path):
     settings = make(tmp_path, num_instances=3).adloco_settings
     assert settings["num_instances"] == 3 and settings["inner_steps"] == 10
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "instead"),
+    [
+        (dict(auto_find_batch_size=True), "auto_find_batch_size", "max_batch_size='auto'"),
+        (dict(train_sampling_strategy="group_by_length"), "train_sampling_strategy", "random"),
+        (dict(train_sampling_strategy="sequential"), "train_sampling_strategy", "random"),
+        (dict(train_sampling_strategy="batch_rebalance"), "train_sampling_strategy", "random"),
+        (dict(max_steps=40, inner_steps=50, save_steps=50), "inner_steps=50", "max_steps"),
+        (dict(deepspeed={"zero_optimization": {"stage": 2}}), "deepspeed", "full copy of the model"),
+        (dict(deepspeed="ds_config.json"), "deepspeed", "full copy of the model"),
+        (dict(fsdp="full_shard"), "fsdp", "full copy of the model"),
+        (dict(parallelism_config="dp_shard"), "parallelism_config", "full copy of the model"),
+        (dict(enable_jit_checkpoint=True), "enable_jit_checkpoint", "save_steps"),
+        (dict(optim="lomo"), "optim='lomo'", "adamw_torch"),
+        (dict(optim="galore_adamw_layerwise"), "optim='galore_adamw_layerwise'", "adamw_torch"),
+    ],
+)
+def test_options_adloco_cannot_honour_are_refused_with_what_to_use_instead(tmp_path, kwargs, field, instead):
+    if kwargs.get("parallelism_config") == "dp_shard":
+        from accelerate.parallelism_config import ParallelismConfig
+
+        kwargs = dict(parallelism_config=ParallelismConfig(dp_shard_size=2))
+    with pytest.raises(ValueError) as error:
+        make(tmp_path, **kwargs)
+    assert field in str(error.value) and instead in str(error.value)
+
+
+@pytest.fixture
+def adloco_records(caplog):
+    """Records of adloco_hf's loggers, which hang under the (non-propagating) `transformers` logger."""
+    library = logging.getLogger("transformers")
+    added = caplog.handler not in library.handlers  # pytest >= 8 attaches it to non-propagating loggers itself
+    if added:
+        library.addHandler(caplog.handler)
+    compat._warned.clear()  # each test sees its own "once"
+    yield caplog
+    if added:
+        library.removeHandler(caplog.handler)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        (dict(torch_compile=True), "torch_compile=True"),
+        (dict(torch_compile_mode="reduce-overhead"), "torch_compile=True"),
+        (dict(ddp_find_unused_parameters=False), "ddp_find_unused_parameters"),
+        (dict(ddp_bucket_cap_mb=25), "ddp_bucket_cap_mb"),
+    ],
+)
+def test_options_that_work_badly_or_not_at_all_warn_once(tmp_path, adloco_records, kwargs, words):
+    make(tmp_path, **kwargs)
+    make(tmp_path, **kwargs)
+    warnings = [r for r in adloco_records.records if r.levelno == logging.WARNING and words in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in adloco_records.records]
+
+
+def test_plain_options_do_not_warn(tmp_path, adloco_records):
+    make(tmp_path, gradient_checkpointing=True, neftune_noise_alpha=5.0, label_smoothing_factor=0.1)
+    assert not [r for r in adloco_records.records if r.name.startswith("adloco_hf")]

@@ -1,9 +1,12 @@
 """Pushing the merged model (a fake HfApi records the calls: no machine here reaches the Hub)."""
 
+import json
+import logging
 import os
 
+import httpx2
 import pytest
-from helpers import sequence_dataset, tiny_model
+from helpers import SCRIPTS, launch, sequence_dataset, tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -12,16 +15,26 @@ from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 
 
 class FakeHubApi:
-    def __init__(self):
+    """Records every call; the first `fail_uploads` uploads (and `fail_repos` repo creations) raise `error`."""
+
+    def __init__(self, fail_uploads=0, fail_repos=0, error=None):
         self.calls = []
+        self.fail_uploads, self.fail_repos = fail_uploads, fail_repos
+        self.error = error or httpx2.ConnectError("[Errno 111] Connection refused")
 
     def create_repo(self, repo_id, private=None, exist_ok=False, **kwargs):
         self.calls.append(("create_repo", repo_id, private))
+        if self.fail_repos:
+            self.fail_repos -= 1
+            raise self.error
         return type("RepoUrl", (), {"repo_id": repo_id})()
 
     def upload_folder(self, *, repo_id, folder_path, path_in_repo=None, commit_message=None, revision=None):
         files = {name: open(os.path.join(folder_path, name), "rb").read() for name in sorted(os.listdir(folder_path))}
         self.calls.append(("upload_folder", repo_id, path_in_repo, files))
+        if self.fail_uploads:
+            self.fail_uploads -= 1
+            raise self.error
         return "commit-sha"
 
 
@@ -29,6 +42,7 @@ class FakeHubApi:
 def fake_hub(monkeypatch):
     api = FakeHubApi()
     monkeypatch.setattr(hub, "get_hub_api", lambda token=None: api)
+    monkeypatch.setattr(hub, "PUSH_RETRY_SECONDS", 0.001)
     return api
 
 
@@ -75,3 +89,91 @@ def test_push_merged_to_hub_explicitly(tmp_path, fake_hub):
     assert fake_hub.calls[0] == ("create_repo", "team/other", False)
     assert fake_hub.calls[1][1:3] == ("team/other", None)
     assert "model.safetensors" in fake_hub.calls[1][3]
+
+
+def train_without_push(tmp_path, **overrides):
+    args = AdLoCoConfig(
+        output_dir=str(tmp_path / "run"), max_steps=5, inner_steps=5, use_cpu=True, report_to=[],
+        save_strategy="no", per_device_train_batch_size=2, max_batch_size=4, disable_tqdm=True, **overrides,
+    )  # fmt: skip
+    trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(64))
+    trainer.train()
+    return trainer
+
+
+def test_explicit_push_to_an_unreachable_hub_raises_one_error_naming_the_folder(tmp_path, fake_hub):
+    trainer = train_without_push(tmp_path)
+    fake_hub.fail_uploads = 99
+    folder = os.path.join(str(tmp_path / "run"), "merged")
+    with pytest.raises(hub.HubUploadError) as raised:
+        trainer.push_merged_to_hub("me/adloco-tiny")
+    error = raised.value
+    assert (error.folder, error.repo_id) == (folder, "me/adloco-tiny")
+    assert folder in str(error) and "me/adloco-tiny" in str(error) and "ConnectError" in str(error)
+    assert isinstance(error.__cause__, httpx2.ConnectError)  # the original, chained
+    uploads = [c for c in fake_hub.calls if c[0] == "upload_folder"]
+    assert len(uploads) == hub.PUSH_ATTEMPTS  # tried a bounded number of times
+    assert AutoModelForCausalLM.from_pretrained(folder) is not None  # the model is where the error says
+
+    # No network at all: creating the repo fails the same way, with one error.
+    fake_hub.fail_repos = 99
+    with pytest.raises(hub.HubUploadError, match="me/adloco-tiny") as raised:
+        trainer.push_merged_to_hub("me/adloco-tiny")
+    assert raised.value.folder == folder and isinstance(raised.value.__cause__, httpx2.ConnectError)
+
+
+def test_a_push_that_fails_once_is_retried_and_succeeds(tmp_path, fake_hub):
+    trainer = train_without_push(tmp_path)
+    fake_hub.fail_uploads, fake_hub.error = 1, OSError("connection reset by peer")
+    assert trainer.push_merged_to_hub("me/adloco-tiny") == "commit-sha"
+    uploads = [c for c in fake_hub.calls if c[0] == "upload_folder"]
+    assert len(uploads) == 2 and uploads[0][3] == uploads[1][3]
+
+
+def test_a_refusal_is_not_retried(tmp_path, fake_hub):
+    trainer = train_without_push(tmp_path)
+    refused = httpx2.HTTPStatusError(
+        "401 Unauthorized", request=httpx2.Request("POST", "https://hub"), response=httpx2.Response(401)
+    )
+    fake_hub.fail_uploads, fake_hub.error = 99, refused
+    with pytest.raises(hub.HubUploadError, match="after 1 try"):
+        trainer.push_merged_to_hub("me/adloco-tiny")
+    assert len([c for c in fake_hub.calls if c[0] == "upload_folder"]) == 1
+
+
+def test_end_of_training_push_failure_is_raised_after_training_finished(tmp_path, fake_hub, caplog):
+    fake_hub.fail_repos = fake_hub.fail_uploads = 99  # offline from the start: the repo cannot be created either
+    args = AdLoCoConfig(
+        output_dir=str(tmp_path / "run"), max_steps=10, inner_steps=5, per_device_train_batch_size=2,
+        max_batch_size=4, use_cpu=True, report_to=[], save_strategy="no", push_to_hub=True,
+        hub_model_id="me/adloco-tiny", disable_tqdm=True,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="adloco_hf.hub"):
+        trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(64))
+        with pytest.raises(hub.HubUploadError) as raised:
+            trainer.train()
+    assert "could not create the Hub repo me/adloco-tiny" in caplog.text  # at init: a warning, training starts
+    assert trainer.state.global_step == 10 and not trainer.is_in_train  # the Trainer finished its own end
+    assert raised.value.folder.endswith(os.path.join("run", "merged")) and raised.value.train_output.global_step == 10
+    assert AutoModelForCausalLM.from_pretrained(raised.value.folder) is not None
+
+
+@pytest.mark.multiprocess
+def test_failed_merge_uploads_during_training_warn_and_training_goes_on(tmp_path):
+    """Two workers, two instances merged at round 1, and a Hub that is never reached."""
+    out, probe = tmp_path / "out", tmp_path / "probe"
+    spec = {"output_dir": str(out), "probe_dir": str(probe)}
+    launch(os.path.join(SCRIPTS, "hub_worker.py"), json.dumps(spec), num_processes=2)
+    reports = [json.load(open(probe / f"report-rank{rank}.json")) for rank in range(2)]
+    for report in reports:
+        assert report["global_step"] == 20  # the whole run, despite every upload failing
+        assert report["error"]["type"] == "HubUploadError"  # raised once by train(), on every rank
+    assert reports[0]["error"]["folder"] == str(out / "merged")
+    assert os.path.isdir(out / "merges" / "outer-1") and os.path.isdir(out / "merged")
+    warnings = reports[0]["warnings"]
+    assert any("merges/outer-1" in w and str(out / "merges" / "outer-1") in w for w in warnings)
+    assert reports[1]["uploads"] == 0  # only global rank 0 talks to the Hub
+    assert reports[0]["uploads"] == 2 * 3  # the merge and the merged model, 3 tries each
+    # The merge's card loads it from where it was meant to go in the repo, and says what it is.
+    card = (out / "merges" / "outer-1" / "README.md").read_text()
+    assert 'from_pretrained("me/adloco-tiny", subfolder="merges/outer-1")' in card and "adloco_merge.json" in card

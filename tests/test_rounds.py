@@ -192,3 +192,26 @@ def test_logs_message_summary_and_merge_record():
     record = merge_record(decision.merge, 1)
     assert record["instances"] == [0, 1] and sum(record["weights"]) == pytest.approx(1.0)
     assert run_summary(state, 2)["final per-worker batch sizes"] == {0: 4}
+
+
+def test_logs_tell_the_batch_used_in_the_round_from_the_next_request():
+    # Requests 12 (capped to the micro-batch limit 8 by switch mode: 12 <= 2 × 8) and 20 (accumulated in 3 chunks).
+    table = [Instance(0, (0,), 12), Instance(1, (1, 2), 20)]
+    reports = [report(0, stats(64.0, 0.25)), report(1, stats(64.0, 0.25)), report(1, stats(64.0, 0.25))]
+    decision = decide_round(table, reports, outer_step=1, global_step=10, rules=rules())
+    lines = [decision.lines[i] for i in sorted(decision.lines)]
+    assert lines[0].next_batch_size > 12  # the noise grew the request: used 8, asked 12, next more
+    state = AdLoCoState(
+        rounds=1, last_round_step=10, tokens=300, comm_bytes=0, merges=0, skipped_rounds=0, elapsed_seconds=1.0,
+        num_instances=2, batch_sizes={i.id: i.batch_size for i in decision.instances},
+        workers={i.id: i.workers for i in decision.instances},
+    )  # fmt: skip
+    logs = round_logs(lines, state, decision.instances)
+    assert logs["adloco/instance_0/batch_size_used"] == 8  # what each worker really ran: capped at max_batch_size
+    assert logs["adloco/instance_1/batch_size_used"] == 20
+    assert logs["adloco/instance_0/next_batch_size"] == lines[0].next_batch_size
+    assert logs["adloco/instance_1/next_batch_size"] == lines[1].next_batch_size
+    assert "adloco/instance_0/batch_size" not in logs  # the old name, which held the next request
+    # adloco/batch_size: the next requests, averaged over all workers.
+    expected = (lines[0].next_batch_size + 2 * lines[1].next_batch_size) / 3
+    assert logs["adloco/batch_size"] == pytest.approx(expected)

@@ -1,0 +1,50 @@
+"""What a user sees while AdLoCo trains: its log lines, and the progress bar's time estimate.
+
+**Log lines.** The `adloco_hf` logger, parent of every logger of the package, hangs under the `transformers` library
+logger instead of the root: `adloco_hf`'s lines print where, how and when the Trainer's own lines print. The Trainer
+sets the `transformers` level from `log_level` on the main process and `log_level_replica` on the others
+(`args.get_process_log_level()`), so `log_level="info"` shows the line of every round; with the default
+`log_level="passive"` the level is `transformers.logging.set_verbosity_*`'s (warnings only). The handler (stderr),
+`transformers.logging.enable_explicit_format()` and `enable_propagation()` (to reach your own root handlers) apply too.
+
+**Progress bar.** tqdm estimates the time left from the speed of past steps. A round that grows a batch makes the
+next steps slower, and that estimate would promise an early finish: [`restart_rate_estimate`] makes it start again
+from the steps that follow.
+"""
+
+import logging
+
+from tqdm.std import EMA
+from transformers.utils import logging as hf_logging
+
+
+__all__ = ["PACKAGE_LOGGER", "get_logger", "restart_rate_estimate"]
+
+PACKAGE_LOGGER = "adloco_hf"
+
+
+def get_logger(name: str) -> logging.Logger:
+    """The logger of an `adloco_hf` module (`get_logger(__name__)`); its lines print like the Trainer's."""
+    package = logging.getLogger(PACKAGE_LOGGER)
+    library = hf_logging.get_logger("transformers")  # sets up transformers' handler and level first
+    if package.parent is not library:
+        package.parent = library
+        package.setLevel(logging.NOTSET)  # inherit transformers' level (this also clears logging's level caches)
+    return hf_logging.get_logger(name)
+
+
+def restart_rate_estimate(bar, step: int) -> None:
+    """Make a tqdm bar estimate its speed, and so the time left, from the steps after `step` only.
+
+    Call it at the end of step `step`, before the Trainer's `ProgressCallback` moves the bar to `step`: the bar's
+    smoothed speed (its exponential averages of steps and seconds between refreshes) and its last refresh restart
+    there, so the first refresh after it measures the new steps alone. Uses tqdm's bookkeeping attributes (tqdm 4.x);
+    a bar without them (disabled, or a notebook's) is left alone.
+    """
+    if getattr(bar, "disable", True) or not all(hasattr(bar, a) for a in ("_ema_dn", "_ema_dt", "_time")):
+        return
+    bar._ema_dn, bar._ema_dt, bar._ema_miniters = EMA(bar.smoothing), EMA(bar.smoothing), EMA(bar.smoothing)
+    bar.last_print_n = step
+    bar.last_print_t = bar._time()
+    if bar.dynamic_miniters:
+        bar.miniters = 0

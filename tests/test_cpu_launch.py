@@ -1,0 +1,36 @@
+"""Launching on a machine without a GPU: `accelerate launch --multi_gpu` forms one gloo group even when the user's
+script leaves `use_cpu` unset, and a launch of too few processes says how to launch CPU workers."""
+
+import json
+import os
+
+import pytest
+import torch
+from helpers import SCRIPTS, launch, sequence_dataset, tiny_model
+
+from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU launch path: without a GPU")
+def test_multi_gpu_launch_without_use_cpu_forms_one_gloo_group(tmp_path):
+    result = launch(os.path.join(SCRIPTS, "config_world_size.py"), "2", str(tmp_path), num_processes=2, timeout=240)
+    seen = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(2)]
+    assert all((s["world_size"], s["backend"], s["use_cpu"]) == (2, "gloo", True) for s in seen), seen
+    assert all(s["device"].startswith("cpu") for s in seen), seen
+    output = result.stdout + result.stderr
+    assert output.count("AdLoCoConfig sets use_cpu=True") == 1, output  # told once, by the first worker
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU launch hint is given without a GPU")
+def test_too_few_workers_names_the_cpu_launch(tmp_path):
+    args = AdLoCoConfig(
+        output_dir=str(tmp_path), max_steps=20, inner_steps=10, num_instances=2, use_cpu=True, report_to=[]
+    )
+    with pytest.raises(ValueError) as error:
+        AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(32))
+    message = str(error.value)
+    assert "num_instances=2 exceeds the 1 worker" in message
+    assert (
+        "--multi_gpu" in message and "use_cpu=True" in message and "accelerate_configs/cpu_4_workers.yaml" in message
+    )
