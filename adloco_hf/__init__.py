@@ -8,7 +8,9 @@ from .batch_size import (
 )
 from .callback import AdLoCoCallback
 from .config import AdLoCoConfig
+from .health import SkippedRoundsError
 from .hub import HubUploadError
+from .preemption import TrainingPreempted
 from .rounds import AdLoCoState
 from .sampler import AdaptiveBatchSampler
 from .switch_mode import BatchPlan, plan_batch
@@ -26,6 +28,8 @@ __all__ = [
     "AdaptiveBatchSampler",
     "HubUploadError",
     "BatchPlan",
+    "SkippedRoundsError",
+    "TrainingPreempted",
     "Worker",
     "augmented_inner_product_test",
     "estimate_variance",

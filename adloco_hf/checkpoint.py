@@ -6,20 +6,27 @@ written with safetensors (via `save_pretrained`); per-rank state is read back wi
 """
 
 import contextlib
+import errno
 import json
 import logging
 import os
+import pickle
+import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers.trainer_utils import get_last_checkpoint
+
+from .distributed import WorkerTimeoutError
 
 
 __all__ = [
     "RANK_STATE_DIR",
+    "SaveError",
     "check_rank_states",
     "atomic_directory",
     "atomic_write_text",
@@ -32,6 +39,8 @@ __all__ = [
     "resume_hint",
     "save_global_weights",
     "save_model_folder",
+    "last_good_checkpoint",
+    "save_errors",
     "save_rank_state",
     "state_dict_with",
 ]
@@ -70,20 +79,34 @@ def atomic_directory(final_dir: str) -> Iterator[str]:
         raise
 
 
+# A directory's fsync fails with these where the filesystem cannot sync directories, e.g. EINVAL on SMB/CIFS mounts
+# and EOPNOTSUPP on FUSE filesystems without fsyncdir (gocryptfs): skipped there. Every other error is raised.
+_DIRECTORY_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+
+def _fsync(path: str, *, directory: bool = False) -> None:
+    """fsync `path`; an error is raised as an OSError naming `path` (see `_DIRECTORY_FSYNC_UNSUPPORTED`)."""
+    if directory and os.name == "nt":
+        return  # Windows cannot open a directory to sync it
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if not (directory and error.errno in _DIRECTORY_FSYNC_UNSUPPORTED):
+            raise OSError(error.errno, f"fsync failed ({error.strerror})", path) from error
+    finally:
+        os.close(fd)
+
+
 def _fsync_dir(path: str) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    _fsync(path, directory=True)
 
 
 def _fsync_tree(root: str) -> None:
+    """fsync every file under `root`, then its folders: what is published must be on disk before the rename."""
     for dirpath, _, filenames in os.walk(root):
         for filename in filenames:
-            with contextlib.suppress(OSError), open(os.path.join(dirpath, filename), "rb") as f:
-                os.fsync(f.fileno())
+            _fsync(os.path.join(dirpath, filename))
         _fsync_dir(dirpath)
 
 
@@ -91,22 +114,104 @@ def atomic_write_text(path: str, text: str) -> None:
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    _fsync(tmp)
     os.replace(tmp, path)
 
 
+# What interrupted saves leave: a checkpoint's staging folder or the copy set aside by `publish_checkpoint`, the
+# temporary and set-aside folders of `atomic_directory` (`.merged.tmp-1a2b3c4d`, `merges/.outer-4.old-...`) and the
+# temporary files of `atomic_write_text` (`adloco_rounds.jsonl.tmp-1a2b3c4d`).
+_LEFTOVER_FOLDER = re.compile(
+    r"^\.(?:(?P<tmp>tmp)|old)-(?P<final>checkpoint-\d+)$|^\.(?P<name>.+)\.(?P<kind>tmp|old)-[0-9a-f]{8}$"
+)
+_LEFTOVER_FILE = re.compile(r"^.+\.tmp-[0-9a-f]{8}$")
+
+
 def remove_stale_staging(output_dir: str) -> list[str]:
-    """Remove staging folders of checkpoint saves that were interrupted (never complete, never loaded)."""
-    removed = []
-    if not os.path.isdir(output_dir):
-        return removed
-    for name in os.listdir(output_dir):
-        if name.startswith((".tmp-checkpoint-", ".old-checkpoint-")):
-            shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
-            logger.warning("removed %s, left by an interrupted checkpoint save", name)
-            removed.append(name)
-    return removed
+    """Clean what interrupted saves left in `output_dir` and its `merges/` (never complete, never loaded), logged.
+
+    A set-aside copy whose folder is missing (a save killed between its two renames) is the last complete one: it
+    is renamed back instead. Call it on one rank, before anything is saved. Returns the paths, relative to
+    `output_dir`.
+    """
+    cleaned = []
+    for folder in (output_dir, os.path.join(output_dir, "merges")):
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            shown = os.path.relpath(os.path.join(folder, name), output_dir)
+            if _clean_leftover(folder, name, shown):
+                cleaned.append(shown)
+    return cleaned
+
+
+def _clean_leftover(folder: str, name: str, shown: str) -> bool:
+    path = os.path.join(folder, name)
+    found = _LEFTOVER_FOLDER.match(name) if os.path.isdir(path) and not os.path.islink(path) else None
+    if found is None:
+        if not (_LEFTOVER_FILE.match(name) and os.path.isfile(path)):
+            return False
+        os.remove(path)
+    else:
+        final = found["final"] or found["name"]
+        set_aside = not (found["tmp"] or found["kind"] == "tmp")
+        if set_aside and not os.path.exists(os.path.join(folder, final)):
+            os.replace(path, os.path.join(folder, final))
+            logger.warning("restored %s from %s, left by an interrupted save", final, shown)
+            return True
+        shutil.rmtree(path, ignore_errors=True)
+    logger.warning("removed %s, left by an interrupted save", shown)
+    return True
+
+
+class SaveError(OSError):
+    """A checkpoint, a merge or the merged model could not be written (full disk, I/O or permission error, an object
+    that cannot be serialised). The message names the path, the free space there and the last good checkpoint,
+    which is kept."""
+
+
+# What a failed write raises: OSError; torch.save's RuntimeError ("basic_ios::clear: iostream error" or
+# "PytorchStreamWriter failed writing file" on a full disk); safetensors' error; a pickling error.
+_WRITE_ERRORS = (OSError, RuntimeError, SafetensorError, pickle.PicklingError)
+
+
+def _free_space(path: str) -> str:
+    where = os.path.abspath(path)
+    while not os.path.exists(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    try:  # in MiB, not `report.format_bytes`: report imports run_log, which imports this module
+        return f"{shutil.disk_usage(where).free / 2**20:,.0f} MiB free on {where}"
+    except OSError as error:
+        return f"free space on {where} unknown: {error}"
+
+
+def last_good_checkpoint(output_dir: str) -> str:
+    """Which checkpoint a failed save leaves to resume from, as a sentence."""
+    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    if last is None:
+        return "No checkpoint has been saved yet, so there is none to resume from."
+    return f"The last good checkpoint ({last}) is kept: resume from it with train(resume_from_checkpoint=True)."
+
+
+@contextlib.contextmanager
+def save_errors(path: str, output_dir: str, report: Callable[[BaseException], None] | None = None) -> Iterator[None]:
+    """Around a write of `path`: a failure (see `_WRITE_ERRORS`) is raised as one `SaveError` naming `path`, the
+    free space there and the last good checkpoint of `output_dir`; `report` (the worker monitor's) hears it first,
+    so the other workers' errors name this worker instead of a lost connection."""
+    try:
+        yield
+    except WorkerTimeoutError:
+        raise
+    except SaveError as error:
+        if report is not None:
+            report(error)
+        raise
+    except _WRITE_ERRORS as error:
+        failure = SaveError(
+            f"AdLoCo could not write {path}: {type(error).__name__}: {error} ({_free_space(path)}). "
+            + last_good_checkpoint(output_dir)
+        )
+        if report is not None:
+            report(failure)
+        raise failure from error
 
 
 def resume_hint(output_dir: str) -> str:
@@ -118,7 +223,12 @@ def resume_hint(output_dir: str) -> str:
 
 
 def publish_checkpoint(staging: str, final_dir: str) -> None:
-    """Rename a complete staging folder to `final_dir`; an existing one is set aside first and removed after."""
+    """Rename a complete staging folder to `final_dir`; an existing one is set aside first and removed after.
+
+    Every file of `staging` (whichever worker wrote it) is fsynced first: an fsync error is raised before anything
+    is renamed, so `final_dir` is left as it was.
+    """
+    _fsync_tree(staging)
     aside = None
     if os.path.exists(final_dir):
         parent, name = os.path.split(os.path.abspath(final_dir))
@@ -126,6 +236,7 @@ def publish_checkpoint(staging: str, final_dir: str) -> None:
         shutil.rmtree(aside, ignore_errors=True)
         os.replace(final_dir, aside)
     os.replace(staging, final_dir)
+    _fsync_dir(os.path.dirname(os.path.abspath(final_dir)))
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
 
@@ -204,8 +315,7 @@ def save_rank_state(checkpoint_dir: str, rank: int, state: dict[str, Any]) -> st
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     torch.save({"version": RANK_STATE_VERSION, **state}, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
+    _fsync(tmp)
     os.replace(tmp, path)
     return path
 
@@ -219,11 +329,28 @@ def check_rank_states(checkpoint_dir: str, world_size: int) -> None:
             "(or was saved with save_only_model=True); start a new run from its weights instead"
         )
     saved = sorted(f for f in os.listdir(state_dir) if f.startswith("rank-") and f.endswith(".pt"))
-    if len(saved) != world_size:
+    written = _written_world_size(state_dir, saved)
+    missing = [f"{RANK_STATE_DIR}/rank-{rank}.pt" for rank in range(written) if f"rank-{rank}.pt" not in saved]
+    if missing:
         raise ValueError(
-            f"{checkpoint_dir} was written by {len(saved)} workers but this run has {world_size}; resume with "
-            f"{len(saved)} processes (per-worker optimizer, data and instance state cannot be split or joined)"
+            f"{checkpoint_dir} was written by {written} workers but {', '.join(missing)} is missing: every worker's "
+            "state is needed, this checkpoint cannot be resumed; resume from an earlier one"
         )
+    if written != world_size:
+        raise ValueError(
+            f"{checkpoint_dir} was written by {written} workers but this run has {world_size}; resume with "
+            f"{written} processes (per-worker optimizer, data and instance state cannot be split or joined)"
+        )
+
+
+def _written_world_size(state_dir: str, saved: list[str]) -> int:
+    """How many workers wrote a checkpoint: rank 0's record of it, else the highest rank file's number + 1."""
+    guess = max((int(name[5:-3]) for name in saved if name[5:-3].isdigit()), default=-1) + 1
+    try:
+        state = torch.load(os.path.join(state_dir, "rank-0.pt"), map_location="cpu", weights_only=True, mmap=True)
+        return int(state.get("world_size", guess))
+    except Exception:  # noqa: BLE001 - missing or unreadable: the file names tell
+        return guess
 
 
 def load_rank_state(checkpoint_dir: str, rank: int) -> dict[str, Any]:

@@ -111,6 +111,17 @@ class AdLoCoConfig(TrainingArguments):
             Seconds a worker waits for the others at the end of a round (and for any collective of AdLoCo) before
             stopping with an error that names the missing ranks and the round. Keep it above the slowest round's
             spread between workers.
+        max_skipped_rounds (`int`, *optional*, defaults to `3`):
+            An instance that skips more than this many rounds in a row (a NaN or inf pseudo-gradient each time)
+            stops the run with `SkippedRoundsError`, naming the instance, its workers and those whose loss was not
+            finite. `None` never stops (every skipped round and every merge of an instance that made no progress
+            are still logged at WARNING).
+        preemption_grace_seconds (`float`, *optional*, defaults to `25`):
+            On SIGTERM/SIGINT (to any worker or to the launcher) training stops, saves a checkpoint and raises
+            `TrainingPreempted` naming it. If the round's end is expected within this many seconds the run stops
+            there; otherwise at the next step every worker can reach, inside the round (the checkpoint then holds
+            each worker's own weights, so the resumed run continues the round exactly). Keep it under the time the
+            scheduler leaves between SIGTERM and SIGKILL (torchrun: 30 s) minus the time a checkpoint takes.
 
     > [!NOTE]
     > Defaults that differ from [`~transformers.TrainingArguments`]: `save_steps=1000` (a multiple of the default
@@ -173,6 +184,13 @@ class AdLoCoConfig(TrainingArguments):
     )
     worker_timeout: float = field(
         default=1800.0, metadata={"help": "Seconds to wait for the other workers before stopping with an error."}
+    )
+    max_skipped_rounds: int | None = field(
+        default=3, metadata={"help": "Stop when an instance skips more rounds than this in a row (None: never)."}
+    )
+    preemption_grace_seconds: float = field(
+        default=25.0,
+        metadata={"help": "On SIGTERM/SIGINT: stop at the round's end if it is this close, else at the next step."},
     )
 
     # Defaults that differ from TrainingArguments.
@@ -269,6 +287,8 @@ class AdLoCoConfig(TrainingArguments):
             )
         if not self.worker_timeout > 0:
             raise ValueError(f"worker_timeout={self.worker_timeout}: set a positive number of seconds (e.g. 600).")
+        if self.max_skipped_rounds is not None and self.max_skipped_rounds < 0:
+            raise ValueError(f"max_skipped_rounds={self.max_skipped_rounds}: set 0 or more, or None (never stop).")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction={self.memory_fraction}: set a value in (0, 1].")
         if self.average_tokens_across_devices:

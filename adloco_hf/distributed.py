@@ -1,12 +1,13 @@
 """Thin, typed wrappers around `torch.distributed` used by the orchestration (all work without a process group)."""
 
 import atexit
+import contextlib
 import datetime
 import hashlib
 import io
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,12 @@ __all__ = [
     "send_tensor",
     "tensors_fingerprint",
 ]
+
+# Seconds a worker that learns that another one stopped on an error waits before raising its own: torchrun (and
+# accelerate launch) report the first worker to exit as the root cause and stop the others (polling every 0.1 s by
+# default), so the failing worker is the one blamed. Without such a launcher the others raise after this wait.
+PEER_FAILURE_GRACE_SECONDS = 10.0
+_MAX_QUOTED = 2000  # characters of another worker's error quoted in a WorkerTimeoutError
 
 
 def is_distributed() -> bool:
@@ -84,13 +91,17 @@ def comm_device(default: torch.device) -> torch.device:
     return torch.device("cpu")
 
 
-def all_gather_rows(row: Sequence[float], device: torch.device) -> list[list[float]]:
-    """All-gather one float64 row per rank over the world; returns the rows in rank order."""
-    local = torch.tensor([float(v) for v in row], dtype=torch.float64, device=comm_device(device))
+def all_gather_rows(row: Sequence[float], device: torch.device, group=None) -> list[list[float]]:
+    """All-gather one float64 row per rank over the world; returns the rows in rank order.
+
+    `group`: a gloo group of the whole world to gather on instead of the default group (the rows stay on the CPU).
+    """
+    on = torch.device("cpu") if group is not None else comm_device(device)
+    local = torch.tensor([float(v) for v in row], dtype=torch.float64, device=on)
     if not is_distributed():
         return [local.tolist()]
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, local)
+    dist.all_gather(gathered, local, group=group)
     return [t.tolist() for t in gathered]
 
 
@@ -105,33 +116,33 @@ def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int, group=None) -> 
             tensor.data.copy_(buffer)
 
 
-def send_tensor(tensor: torch.Tensor, dst: int) -> int:
-    """Blocking send to global rank `dst`; returns the bytes sent."""
+def send_tensor(tensor: torch.Tensor, dst: int, group=None) -> int:
+    """Blocking send to global rank `dst` (over `group`, the default group when None); returns the bytes sent."""
     buffer = tensor.contiguous().to(comm_device(tensor.device))
-    dist.send(buffer, dst=dst)
+    dist.send(buffer, dst=dst, group=group)
     return buffer.numel() * buffer.element_size()
 
 
-def recv_tensor(like: torch.Tensor, src: int) -> torch.Tensor:
+def recv_tensor(like: torch.Tensor, src: int, group=None) -> torch.Tensor:
     """Blocking receive into a new tensor shaped like `like` (on `like`'s device) from global rank `src`."""
     buffer = torch.empty(like.shape, dtype=like.dtype, device=comm_device(like.device))
-    dist.recv(buffer, src=src)
+    dist.recv(buffer, src=src, group=group)
     return buffer.to(like.device)
 
 
-def send_object_tensors(obj, dst: int, device: torch.device) -> int:
+def send_object_tensors(obj, dst: int, device: torch.device, group=None) -> int:
     """Send a state dict (tensors and plain values) to `dst`: its byte length, then its bytes."""
     stream = io.BytesIO()
     torch.save(obj, stream)
     payload = torch.frombuffer(bytearray(stream.getvalue()), dtype=torch.uint8)
-    sent = send_tensor(torch.tensor([payload.numel()], dtype=torch.int64, device=device), dst)
-    return sent + send_tensor(payload.to(device), dst)
+    sent = send_tensor(torch.tensor([payload.numel()], dtype=torch.int64, device=device), dst, group)
+    return sent + send_tensor(payload.to(device), dst, group)
 
 
-def recv_object_tensors(src: int, device: torch.device):
+def recv_object_tensors(src: int, device: torch.device, group=None):
     """Receive what `send_object_tensors` sent; loaded with `weights_only=True` (no arbitrary code)."""
-    size = int(recv_tensor(torch.empty(1, dtype=torch.int64, device=device), src).item())
-    payload = recv_tensor(torch.empty(size, dtype=torch.uint8, device=device), src).cpu()
+    size = int(recv_tensor(torch.empty(1, dtype=torch.int64, device=device), src, group).item())
+    payload = recv_tensor(torch.empty(size, dtype=torch.uint8, device=device), src, group).cpu()
     return torch.load(io.BytesIO(payload.numpy().tobytes()), map_location=device, weights_only=True)
 
 
@@ -158,78 +169,183 @@ def check_models_match(model: torch.nn.Module, device: torch.device) -> None:
 
 
 class WorkerTimeoutError(RuntimeError):
-    """Some workers did not reach a synchronisation point in time (they died or hang)."""
+    """Some workers did not reach a synchronisation point in time: they died, hang, or stopped on an error of their
+    own (the message then quotes it)."""
 
 
 class WorkerMonitor:
-    """A deadline barrier over the world that names the workers that did not arrive.
+    """The synchronisation points of a run, each bounded by `timeout`, naming on every rank the workers that failed.
 
-    `monitored_barrier` (gloo) names missing ranks when they hang, but when a worker has exited its socket closes and
-    gloo only reports "Connection closed by peer" with an address. So every worker also records, in the job's
-    key-value store, how many checks it has reached; on failure rank 0 reads those counters until the deadline and
-    names the ranks that are behind. Costs one store write per check (one per round).
+    Three kinds of points, all on a gloo group whose timeout is `timeout`: [`check`] (a barrier), [`gather_rows`] (an
+    all-gather of a few numbers) and [`watch`] (around other collectives, e.g. a merge's messages). Every rank calls
+    them in the same order.
+
+    Naming the missing workers: `monitored_barrier` names them on rank 0 only, and when a worker has exited its
+    socket closes and gloo only reports "Connection closed by peer" with an address. So every worker records, in the
+    job's key-value store, how many points it has entered; on failure every rank reads those counters until the
+    deadline and names the ranks that are behind. A worker that stops on an error of its own posts it there first
+    ([`report`]): the others quote it, and wait `PEER_FAILURE_GRACE_SECONDS` before raising, so that the launcher,
+    which reports the first worker to exit as the root cause, blames the one that failed. Costs one store write per
+    point (a few per round).
+
+    With `connect=False` (a worker before training starts) there is no group: `check` is a plain barrier and
+    `gather_rows` a plain all-gather, without deadline.
     """
 
-    def __init__(self, timeout: float):
+    _created = 0  # monitors made by this process: every rank makes them in the same order (new_group is collective)
+
+    def __init__(self, timeout: float, connect: bool = True):
         self.timeout = datetime.timedelta(seconds=timeout)
-        self.group = dist.new_group(backend="gloo", timeout=self.timeout) if is_distributed() else None
+        connect = connect and is_distributed()  # not connected: plain barriers and gathers, no deadline (collective)
+        self.group = dist.new_group(backend="gloo", timeout=self.timeout) if connect else None
         self._count = 0
         self._store = None
+        if connect:  # a new key prefix: the store outlives a monitor, a second train() must not read the first's keys
+            WorkerMonitor._created += 1
+        self._prefix = f"adloco/worker_monitor/{WorkerMonitor._created}"
         if self.group is not None:
             try:  # the default store (torchrun's / accelerate's rendezvous); private but stable since torch 1.x
                 self._store = dist.distributed_c10d._get_default_store()
             except Exception:  # pragma: no cover - only without a default store; the gloo message is used then
                 self._store = None
 
+    @property
+    def active(self) -> bool:
+        return self.group is not None and dist.get_world_size() > 1
+
+    @property
+    def message_group(self):
+        """The group for a merge's point-to-point messages: this monitor's (bounded by `timeout`) when the world's
+        backend is gloo anyway; None (the default group) with NCCL, whose tensors stay on the GPU."""
+        return self.group if self.active and dist.get_backend() == "gloo" else None
+
     def _key(self, rank: int) -> str:
-        return f"adloco/worker_monitor/{rank}"
+        return f"{self._prefix}/{rank}"
+
+    def _failure_key(self, rank: int) -> str:
+        return f"{self._prefix}/failed/{rank}"
 
     def _checked_in(self) -> None:
         if self._store is not None:
             self._store.set(self._key(dist.get_rank()), str(self._count))
 
-    def _ranks_behind(self, deadline: float) -> list[int] | None:
-        """Ranks that have not reached this check by `deadline` (None when the store cannot tell)."""
-        if self._store is None or dist.get_rank() != 0:
-            return None
+    def report(self, error: BaseException) -> None:
+        """Post why this worker stops, so that the others' errors name this worker and quote `error` (call it before
+        raising `error`; a `WorkerTimeoutError` is only the echo of another worker's failure and is not posted)."""
+        if self._store is None or isinstance(error, WorkerTimeoutError):
+            return
+        with contextlib.suppress(Exception):
+            self._store.set(self._failure_key(dist.get_rank()), f"{type(error).__name__}: {error}"[:_MAX_QUOTED])
+
+    def _diagnose(self, deadline: float, wait: bool) -> tuple[dict[int, str], list[int] | None]:
+        """(errors other workers posted, ranks that have not entered this point), from the store; while some are
+        behind and none posted an error, read again until `deadline` (`wait`). Nothing known without a store."""
+        if self._store is None:
+            return {}, None
+        me, world = dist.get_rank(), dist.get_world_size()
         try:
             while True:
+                failed = {
+                    rank: self._store.get(self._failure_key(rank)).decode(errors="replace")
+                    for rank in range(world)
+                    if rank != me and self._store.check([self._failure_key(rank)])
+                }
                 behind = [
                     rank
-                    for rank in range(dist.get_world_size())
+                    for rank in range(world)
                     if not self._store.check([self._key(rank)]) or int(self._store.get(self._key(rank))) < self._count
                 ]
-                if not behind or time.monotonic() >= deadline:
-                    return behind or None
+                if failed or not behind or not wait or time.monotonic() >= deadline:
+                    return failed, behind or None
                 time.sleep(0.1)
         except Exception:
-            return None
+            return {}, None
 
-    def check(self, where: str, hint: str | Callable[[], str] = "") -> None:
-        """Barrier with a deadline; raises `WorkerTimeoutError` naming the missing ranks and `where`.
+    def someone_ahead(self) -> bool:
+        """Whether any worker has already entered a point this worker has not reached (from the store counters)."""
+        if self._store is None:
+            return False
+        try:
+            for rank in range(dist.get_world_size()):
+                key = self._key(rank)
+                if self._store.check([key]) and int(self._store.get(key)) > self._count:
+                    return True
+        except Exception:
+            return False
+        return False
+
+    @contextlib.contextmanager
+    def watch(self, where: str, hint: str | Callable[[], str] = "", *, _always: bool = False) -> Iterator[None]:
+        """Around collectives that every rank enters here, on groups bounded by `timeout`: when one fails (gloo's
+        timeout, or a closed connection), raise `WorkerTimeoutError` naming the workers that failed or never came.
+        An error no worker explains (nobody behind, nothing posted) is raised as it was.
 
         `hint` (or what it returns, called only on failure) ends the message: what the user can do next.
         """
-        if self.group is None or dist.get_world_size() == 1:
+        if not self.active:
+            yield
             return
         self._count += 1
         started = time.monotonic()
         self._checked_in()
         try:
+            yield
+        except WorkerTimeoutError:
+            raise
+        except RuntimeError as error:  # what gloo raises for a timeout or a lost connection
+            stop = self._stopped(where, hint, error, started, _always)
+            if stop is None:
+                raise
+            raise stop from error
+
+    def _stopped(
+        self, where: str, hint: str | Callable[[], str], error: RuntimeError, started: float, always: bool
+    ) -> WorkerTimeoutError | None:
+        """The error that names who made this point fail; None when nobody can be named and `always` is False."""
+        found = re.search(r"Ranks? ([\d, ]+) failed", str(error))  # rank 0's monitored_barrier names them
+        failed, behind = self._diagnose(started + self.timeout.total_seconds(), wait=found is None)
+        timeout = f"did not arrive within {self.timeout.total_seconds():g} s (dead or hung)"
+        quoted = "".join(f" Rank {rank}'s error: {message}" for rank, message in sorted(failed.items()))
+        if failed:
+            time.sleep(PEER_FAILURE_GRACE_SECONDS)  # the launcher should see that worker exit first, and blame it
+            who = f"worker rank(s) {', '.join(map(str, sorted(failed)))} failed"
+        elif found:
+            who = f"worker rank(s) {found.group(1).strip()} {timeout}"
+        elif behind:
+            who = f"worker rank(s) {', '.join(map(str, behind))} {timeout}"
+        elif always:
+            who = f"another worker {timeout}"
+        else:
+            return None
+        return WorkerTimeoutError(
+            f"AdLoCo, {where}: {who}, so this worker (rank {dist.get_rank()}) stops.{quoted} "
+            f"{hint() if callable(hint) else hint}"
+        )
+
+    def check(self, where: str, hint: str | Callable[[], str] = "") -> None:
+        """Barrier with a deadline; raises `WorkerTimeoutError` naming the missing ranks and `where` (see `watch`)."""
+        if not self.active:
+            barrier()
+            return
+        with self.watch(where, hint, _always=True):
             dist.monitored_barrier(group=self.group, timeout=self.timeout, wait_all_ranks=True)
-        except RuntimeError as error:
-            found = re.search(r"Ranks? ([\d, ]+) failed", str(error))
-            behind = None if found else self._ranks_behind(started + self.timeout.total_seconds())
-            if found:
-                who = f"worker rank(s) {found.group(1).strip()}"
-            elif behind:
-                who = f"worker rank(s) {', '.join(map(str, behind))}"
-            else:
-                who = "another worker (rank 0's log names it)"
-            raise WorkerTimeoutError(
-                f"AdLoCo, {where}: {who} did not arrive within {self.timeout.total_seconds():g} s (dead or hung), "
-                f"so this worker (rank {dist.get_rank()}) stops. {hint() if callable(hint) else hint}"
-            ) from error
+
+    def gather_rows(self, row: Sequence[float], where: str, hint: str | Callable[[], str] = "") -> list[list[float]]:
+        """`all_gather_rows` with a deadline, on this monitor's group; a missing rank is named as in `check`."""
+        with self.watch(where, hint, _always=True):
+            return all_gather_rows(row, torch.device("cpu"), group=self.group if self.active else None)
+
+    def gather_objects(self, obj, where: str, hint: str | Callable[[], str] = "") -> list:
+        """`all_gather_object` with a deadline, on this monitor's group; a missing rank is named as in `check`."""
+        gathered: list = [None] * get_world_size()
+        if not is_distributed():
+            gathered[0] = obj
+        elif not self.active:
+            dist.all_gather_object(gathered, obj)
+        else:
+            with self.watch(where, hint, _always=True):
+                dist.all_gather_object(gathered, obj, group=self.group)
+        return gathered
 
 
 class ProcessGroupCache:

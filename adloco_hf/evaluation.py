@@ -17,7 +17,6 @@ from typing import Any
 from transformers import Trainer
 from transformers.trainer_utils import speed_metrics
 
-from .distributed import all_gather_rows
 from .predictions import ShardOutput, is_causal_lm, predict_shard, share_instance_metrics
 from .run_log import MERGED
 from .worker import Worker
@@ -133,11 +132,12 @@ def _evaluate_each_instance(trainer: Trainer, worker: Worker, dataset, ignore_ke
     inst = worker.instance
     members = list(inst.workers)
     shard = predict_shard(trainer, dataset, members, args.process_index, ignore_keys=ignore_keys, collect=collect)
-    losses = _pool_losses(inst.id, shard, args.device)
+    losses = _pool_losses(worker, inst.id, shard)
     per_instance = {i: {} for i in losses}
     if collect:
         group = worker.groups.get(members)
-        shared = share_instance_metrics(trainer, shard, members, inst.id, args.process_index, group, prefix)
+        rank = args.process_index
+        shared = share_instance_metrics(trainer, shard, members, inst.id, rank, group, prefix, worker.monitor)
         for instance_id, values in shared.items():
             per_instance.setdefault(instance_id, {}).update({k: v for k, v in values.items() if k != "loss"})
     for instance_id, loss in losses.items():
@@ -157,13 +157,14 @@ def instance_losses(
     else:
         group_id, members = worker.instance.id, list(worker.instance.workers)
     shard = predict_shard(trainer, dataset, members, rank, ignore_keys=ignore_keys, progress=progress)
-    return _pool_losses(group_id, shard, trainer.args.device)
+    return _pool_losses(worker, group_id, shard)
 
 
-def _pool_losses(group_id: int, shard: ShardOutput, device) -> dict[int, float | None]:
-    """Every rank's loss sum and weight, pooled per instance (one all-gather over the world)."""
+def _pool_losses(worker: Worker, group_id: int, shard: ShardOutput) -> dict[int, float | None]:
+    """Every rank's loss sum and weight, pooled per instance (one all-gather over the world, within worker_timeout)."""
     totals: dict[int, list[float]] = {}
-    for row in all_gather_rows([group_id, shard.loss_sum, shard.count], device):
+    mine = [group_id, shard.loss_sum, shard.count]
+    for row in worker.monitor.gather_rows(mine, "evaluation (losses)", worker.resume_hint):
         total = totals.setdefault(int(row[0]), [0.0, 0.0])
         total[0] += row[1]
         total[1] += row[2]

@@ -165,6 +165,20 @@ class GradientStatisticsCollector:
     def has_previous(self) -> bool:
         return self._previous is not None
 
+    def state_dict(self) -> dict:
+        """The remembered gradient (one-sample batches), for a checkpoint written inside a round."""
+        if self._previous is None:
+            return {"previous": None, "owners": []}
+        index = {id(p): i for i, p in enumerate(self.params)}
+        return {"previous": [g.cpu() for g in self._previous], "owners": [index[id(p)] for p in self._previous_grads]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["previous"] is None:
+            self.forget()
+            return
+        self._previous_grads = [self.params[i] for i in state["owners"]]
+        self._previous = [g.to(p.device) for g, p in zip(state["previous"], self._previous_grads)]
+
     def forget(self) -> None:
         self._previous = None
         self._previous_grads = []

@@ -4,6 +4,12 @@ Every rank computes these decisions from the same all-gathered numbers, so they 
 The demand of an instance is d_i = b_i × workers(i) (its samples per inner step). A merge replaces two instances by
 the one with the larger demand, with weights and outer momentum averaged in proportion to demand; it keeps its own
 per-worker request and inherits the demand of both. Workers are then redistributed in proportion to demand.
+
+An instance whose every round was skipped (non-finite pseudo-gradients) since the start still holds the weights it
+started from: it enters a merge, and the final merge, with weight 0, since averaging those weights in would only
+pull the other instance back towards its starting point (a run with one dead worker merged 9 % of the initial
+weights into its trained instance). An instance with no progress since its last merge keeps its demand's weight:
+its weights are that merge's, which hold the training before it (see `health.py` for the warnings and the stop).
 """
 
 import math
@@ -12,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 __all__ = [
     "Instance",
+    "final_merge_weights",
     "MergePlan",
     "Transfer",
     "choose_merge",
@@ -34,12 +41,20 @@ class Instance:
         workers: global ranks of its workers, ascending; the first one is its *first worker*.
         batch_size: b_i, its per-worker request.
         demand: d_i; by default b_i × workers, after a merge the sum of both demands.
+        skipped_in_a_row: rounds skipped in a row (non-finite pseudo-gradient) up to the last one; a merge keeps
+            the survivor's.
+        rounds_since_merge: rounds since the start, or since it survived its last merge.
+        trained: whether a round has moved its weights since the start (its own, or one of an instance merged
+            into it).
     """
 
     id: int
     workers: tuple[int, ...]
     batch_size: int
     demand: float = field(default=-1.0)
+    skipped_in_a_row: int = 0
+    rounds_since_merge: int = 0
+    trained: bool = False
 
     def __post_init__(self):
         if not self.workers:
@@ -54,6 +69,34 @@ class Instance:
 
     def with_batch_size(self, batch_size: int) -> "Instance":
         return replace(self, batch_size=batch_size, demand=float(batch_size * len(self.workers)))
+
+    def after_round(self, batch_size: int, *, skipped: bool) -> "Instance":
+        """The row after a round that was (or was not) skipped, with the next request."""
+        return replace(
+            self.with_batch_size(batch_size),
+            skipped_in_a_row=self.skipped_in_a_row + 1 if skipped else 0,
+            rounds_since_merge=self.rounds_since_merge + 1,
+            trained=self.trained or not skipped,
+        )
+
+    @property
+    def made_no_progress(self) -> bool:
+        """Every round since the start, or since its last merge, was skipped (and there was at least one)."""
+        return 0 < self.rounds_since_merge <= self.skipped_in_a_row
+
+    def to_row(self) -> list:
+        """The row a checkpoint stores (`from_row` reads it back)."""
+        row = [self.id, self.batch_size, self.demand, list(self.workers)]
+        return row + [self.skipped_in_a_row, self.rounds_since_merge, self.trained]
+
+    @classmethod
+    def from_row(cls, row: list) -> "Instance":
+        """A checkpoint's row; one written before the skip counts existed reads as trained, with none skipped."""
+        instance_id, batch_size, demand, workers, *health = row
+        skipped, since_merge, trained = health or (0, 0, True)
+        return cls(
+            instance_id, tuple(workers), int(batch_size), float(demand), int(skipped), int(since_merge), bool(trained)
+        )
 
 
 def initial_instances(num_workers: int, num_instances: int, batch_size: int) -> list[Instance]:
@@ -152,11 +195,16 @@ def plan_merge(instances: list[Instance], *, policy: str, num_workers: int) -> M
     table = {inst.id: inst for inst in instances}
     survivor, merged = table[survivor_id], table[merged_id]
     total = survivor.demand + merged.demand
+    weights = (survivor.demand / total, merged.demand / total)
+    if survivor.trained != merged.trained:  # the untrained one holds its starting weights (module docstring)
+        weights = (1.0, 0.0) if survivor.trained else (0.0, 1.0)
     combined = Instance(
         survivor.id,
         survivor.workers + merged.workers,
         survivor.batch_size,
         demand=total,
+        skipped_in_a_row=survivor.skipped_in_a_row,
+        trained=survivor.trained or merged.trained,
     )
     remaining = [combined if inst.id == survivor.id else inst for inst in instances if inst.id != merged.id]
     # The survivor's own workers stay first: the merged-away instance's workers change instance anyway.
@@ -164,11 +212,19 @@ def plan_merge(instances: list[Instance], *, policy: str, num_workers: int) -> M
     return MergePlan(
         survivor=survivor.id,
         merged=merged.id,
-        weights=(survivor.demand / total, merged.demand / total),
+        weights=weights,
         demands=(survivor.demand, merged.demand),
         before=tuple(instances),
         after=tuple(after),
     )
+
+
+def final_merge_weights(instances: list[Instance]) -> dict[int, float]:
+    """Instance id → its weight in the final merge: demand-weighted over the instances that have trained (over all
+    of them when none has); an instance that never trained gets 0 (module docstring)."""
+    counted = {inst.id for inst in instances if inst.trained} or {inst.id for inst in instances}
+    total = sum(inst.demand for inst in instances if inst.id in counted)
+    return {inst.id: inst.demand / total if inst.id in counted else 0.0 for inst in instances}
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,12 @@ class GlobalModel:
         )
         self.copy_from_params()
 
+    @classmethod
+    def from_args(cls, params: list[torch.Tensor], args) -> "GlobalModel":
+        """With an `AdLoCoConfig`'s outer optimizer, on `outer_state_device` ("device": `args.device`, or "cpu")."""
+        device = torch.device("cpu") if args.outer_state_device == "cpu" else args.device
+        return cls(params, device=device, lr=args.outer_lr, momentum=args.outer_momentum, nesterov=args.outer_nesterov)
+
     def views_of(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Views of a flat tensor shaped like the parameters, in their order."""
         views, offset = [], 0

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .batch_size import GradientStatistics, PooledStatistics, next_batch_size, pool_statistics
+from .health import merge_warnings, skipped_rounds_failure
 from .instances import Instance, MergePlan, merge_is_due, plan_merge
 from .lr_scaling import lr_factor
 from .outer import ring_all_reduce_bytes
@@ -53,6 +54,7 @@ class WorkerReport:
     comm_seconds: float
     outer_seconds: float
     skipped: bool
+    preempt: bool = False  # this worker got SIGTERM/SIGINT, or agreed to stop at this round's end
 
     _SCALARS = (
         "loss_sum",
@@ -64,6 +66,7 @@ class WorkerReport:
         "comm_seconds",
         "outer_seconds",
         "skipped",
+        "preempt",
     )
 
     def to_row(self) -> list[float]:
@@ -87,6 +90,7 @@ class WorkerReport:
             comm_seconds=values["comm_seconds"],
             outer_seconds=values["outer_seconds"],
             skipped=bool(values["skipped"]),
+            preempt=bool(values["preempt"]),
         )
 
 
@@ -105,6 +109,7 @@ class RoundRules:
     merge_policy: str
     lr_batch_scaling: str = "none"
     reference_batch_size: int = 1
+    max_skipped_rounds: int | None = None  # None: never stop for skipped rounds
 
     @classmethod
     def from_args(cls, args, *, max_batch_size: int, shard_size: int) -> "RoundRules":
@@ -122,6 +127,7 @@ class RoundRules:
             merge_policy=args.merge_policy,
             lr_batch_scaling=args.lr_batch_scaling,
             reference_batch_size=args.per_device_train_batch_size,
+            max_skipped_rounds=args.max_skipped_rounds,
         )
 
 
@@ -152,6 +158,7 @@ class RoundLine:
     outer_seconds: float
     merged_from: list[int] = field(default_factory=list)
     skipped: bool = False
+    skipped_in_a_row: int = 0  # this round included, while it is skipped
     merge_bytes: int | None = None  # the merge's bytes, on the survivor's line only
     merge_seconds: float = 0.0
     num_instances: int = 0
@@ -178,6 +185,8 @@ class RoundDecision:
     lines: dict[int, RoundLine]
     instances: list[Instance]
     merge: MergePlan | None
+    warnings: list[str] = field(default_factory=list)  # merges of instances that made no progress (`health.py`)
+    failure: str | None = None  # why the run stops: an instance skipped more than max_skipped_rounds in a row
 
 
 def _line(
@@ -235,8 +244,10 @@ def decide_round(
         global_step: the Trainer's step at its end.
         rules: the settings the decision depends on.
 
-    A skipped round (a non-finite pseudo-gradient on any worker of the instance) keeps the instance's request. A
-    merge, when due, is planned on the table with the new requests; `merged_from` is set on the survivor's line.
+    A skipped round (a non-finite pseudo-gradient on any worker of the instance) keeps the instance's request and
+    counts towards its rounds skipped in a row; more than `rules.max_skipped_rounds` of them is the decision's
+    `failure`. A merge, when due, is planned on the table with the new requests; `merged_from` is set on the
+    survivor's line, and a merged instance that made no progress gets a warning (`health.py`).
     """
     lines, decided = {}, []
     for inst in instances:
@@ -254,16 +265,21 @@ def decide_round(
                 nu=rules.nu,
                 cap=rules.request_cap,
             )
-        lines[inst.id] = _line(
-            inst, members, pooled, next_batch, outer_step=outer_step, global_step=global_step, rules=rules
-        )
-        decided.append(inst.with_batch_size(next_batch))
-    merge = None
+        line = _line(inst, members, pooled, next_batch, outer_step=outer_step, global_step=global_step, rules=rules)
+        decided.append(inst.after_round(next_batch, skipped=line.skipped))
+        line.skipped_in_a_row = decided[-1].skipped_in_a_row
+        lines[inst.id] = line
+    losses = {rank: report.loss_sum for rank, report in enumerate(reports)}
+    failure = skipped_rounds_failure(
+        decided, losses, outer_step=outer_step, global_step=global_step, max_skipped_rounds=rules.max_skipped_rounds
+    )
+    merge, warnings = None, []
     if merge_is_due(outer_step, rules.merge_every, len(decided)):
         merge = plan_merge(decided, policy=rules.merge_policy, num_workers=len(reports))
+        warnings = merge_warnings(merge, outer_step=outer_step)
         decided = list(merge.after)
         lines[merge.survivor].merged_from = [merge.merged]
-    return RoundDecision(lines=lines, instances=decided, merge=merge)
+    return RoundDecision(lines=lines, instances=decided, merge=merge, warnings=warnings, failure=failure)
 
 
 @dataclass
@@ -325,6 +341,7 @@ class RoundResult:
     lines: list[RoundLine]
     merge: MergeResult | None = None
     instances: list[Instance] = field(default_factory=list)
+    preempted: bool = False  # some worker got SIGTERM/SIGINT: every worker stops after this round
 
 
 def run_summary(state: AdLoCoState, world_size: int) -> dict[str, Any]:
@@ -353,9 +370,10 @@ def round_message(lines: list[RoundLine], num_instances: int, merge: MergePlan |
     )
     if merge is not None:
         message += f" | merged {merge.merged}→{merge.survivor} (weights {merge.weights[0]:.2f}/{merge.weights[1]:.2f})"
-    skipped = [line.instance for line in lines if line.skipped]
+    skipped = [line for line in lines if line.skipped]
     if skipped:
-        message += f" | SKIPPED (non-finite) {skipped}"
+        in_a_row = ", ".join(f"i{line.instance}: {line.skipped_in_a_row} in a row" for line in skipped)
+        message += f" | SKIPPED (non-finite) {[line.instance for line in skipped]} ({in_a_row})"
     return message
 
 

@@ -76,14 +76,18 @@ class RunLog:
         self.eval_path = os.path.join(output_dir, EVAL_FILE)
 
     def start(self, *, resumed_outer_step: int | None, resumed_global_step: int | None) -> None:
-        """A fresh run starts empty files; a resumed run keeps only what happened up to its checkpoint."""
+        """A fresh run starts empty files; a resumed run keeps only what happened up to its checkpoint (the merged
+        model's evaluation comes after the last one: a run resumed from it evaluates the merged model again)."""
         os.makedirs(self.output_dir, exist_ok=True)
         if resumed_outer_step is None:
             for path in (self.rounds_path, self.eval_path):
                 atomic_write_text(path, "")
             return
         self._truncate(self.rounds_path, lambda line: line.get("outer_step", 0) <= resumed_outer_step)
-        self._truncate(self.eval_path, lambda line: line.get("global_step", 0) <= resumed_global_step)
+        self._truncate(
+            self.eval_path,
+            lambda line: line.get("global_step", 0) <= resumed_global_step and line.get("instance") != MERGED,
+        )
 
     @staticmethod
     def _truncate(path: str, keep) -> None:

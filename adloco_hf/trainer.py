@@ -7,32 +7,33 @@ ends.
 
 import logging
 import os
-import shutil
 import warnings
 
 import datasets
 import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer
-from transformers.trainer_callback import ExportableState, ProgressCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .batches import batch_length, count_tokens, split_inputs
 from .callback import AdLoCoCallback
 from .checkpoint import (
     check_rank_states,
     load_rank_state,
-    publish_checkpoint,
+    save_errors,
     save_global_weights,
-    save_rank_state,
 )
 from .config import AdLoCoConfig
 from .console import restart_rate_estimate
-from .distributed import barrier
 from .evaluation import evaluate_instances
 from .hub import MergedModelHubMixin
+from .manifest import resolve_checkpoint
+from .preemption import TrainingPreempted
 from .rounds import AdLoCoState, RoundResult, merge_record, round_logs
+from .run_settings import check_run_settings, run_settings
 from .sampler import AdaptiveBatchSampler, adaptive_train_loader
+from .staged_save import save_staged_checkpoint
 from .switch_mode import Statistics, StepPlan
 from .worker import Worker
 
@@ -40,8 +41,6 @@ from .worker import Worker
 __all__ = ["AdLoCoTrainer"]
 
 logger = logging.getLogger(__name__)
-
-TRAINER_STATE_NAME = "trainer_state.json"
 
 
 class AdLoCoTrainer(MergedModelHubMixin, Trainer):
@@ -95,6 +94,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
                 "eval_dataset=... or set eval_strategy='no'"
             )
         self.worker = Worker(args)
+        self._preempted_at: int | None = None
         self.train_sampler: AdaptiveBatchSampler | None = None
         self._train_loader: DataLoader | None = None
         # Right after DefaultFlowCallback, before reporting and user callbacks: at a round's end they then see the
@@ -131,8 +131,26 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         # The sampler never runs out, so the Trainer's epoch is max_steps steps long; it counts from the resumed
         # step's position, not from 0, so a resumed run logs the epochs an uninterrupted one does.
         self.state.epoch = step / self.state.max_steps
-        if self.worker.is_round_end(step) and step != self.worker.last_synced_step:
-            self._after_round(self.worker.end_round(step))
+        round_end = self.worker.is_round_end(step) and step != self.worker.last_synced_step
+        stop = self.worker.preemption.after_step(step, steps_to_round_end=self._steps_to_round_end(step))
+        if round_end:
+            result = self.worker.end_round(step)
+            self._after_round(result)
+            stop = stop or result.preempted
+        if stop:
+            self._stop_for_preemption()  # inside a round, the checkpoint holds every worker's own weights
+
+    def _steps_to_round_end(self, step: int) -> int:
+        if step == self.worker.last_synced_step:
+            return 0
+        next_end = min(-(-step // self.args.inner_steps) * self.args.inner_steps, self.state.max_steps)
+        return next_end - step
+
+    def _stop_for_preemption(self) -> None:
+        """Save a checkpoint at this step on every worker, then leave the training loop (see `preemption.py`)."""
+        self.control.should_save = True
+        self.control.should_training_stop = True
+        self._preempted_at = self.state.global_step
 
     def _after_round(self, result: RoundResult) -> None:
         """Save (and push) a merge, count tokens for the Trainer, report `adloco/*` values (same call on every rank)."""
@@ -153,6 +171,9 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
                 restart_rate_estimate(callback.training_bar, self.state.global_step)
 
     def _finish_rounds(self) -> None:
+        self.worker.preemption.uninstall()
+        if self._preempted_at is not None:
+            return  # not the end of training: the checkpoint just written is where the run continues
         if self.state.global_step != self.worker.last_synced_step:
             # Training stopped inside a round (max_steps, or a callback): finish it so the replicas agree.
             self._after_round(self.worker.end_round(self.state.global_step))
@@ -161,6 +182,32 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
             self.record_merged_metrics(self.evaluate(metric_key_prefix="eval_merged"))  # into the merged cards
         if self.args.push_to_hub:
             self.push_at_end_of_training()  # a failure is raised by train() once every callback saw the end
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """`Trainer.train`; raises [`TrainingPreempted`] naming the checkpoint written when SIGTERM/SIGINT stopped it.
+        The checkpoint to resume from is verified first; `True` takes the newest intact one (`manifest.py`)."""
+        self._preempted_at = None
+        resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        output = super().train(resume_from_checkpoint, *args, **kwargs)
+        if self._preempted_at is not None:
+            checkpoint = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self._preempted_at}")
+            raise TrainingPreempted(
+                f"training was preempted ({self.worker.preemption.signal_name or 'a signal to another worker'}) and "
+                f"stopped at step {self._preempted_at}: every worker saved its state in {checkpoint}. Resume with "
+                f"train(resume_from_checkpoint={checkpoint!r}) (or True) and the same number of processes.",
+                checkpoint,
+            )
+        return output
+
+    def _run_epoch(self, *args, **kwargs) -> None:
+        """A run resumed from its final checkpoint (`global_step >= max_steps`) only ends: `_finish_rounds` redoes
+        what it had not finished (the final merge, `merged/`, its evaluation, the push). The Trainer would train one
+        more step first (its loop checks `max_steps` after a step) and save its checkpoint. Maintenance note:
+        `Trainer._run_epoch` is private in transformers 5.23; nothing else of it differs."""
+        if self.state.global_step >= self.state.max_steps:
+            self.control.should_training_stop = True
+            return
+        super()._run_epoch(*args, **kwargs)
 
     # ---- data: a plain DataLoader over the adaptive sampler ----
     def get_train_dataloader(self) -> DataLoader:
@@ -283,52 +330,23 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
 
     # ---- checkpoints: per-worker state, written atomically ----
     def _save_checkpoint(self, model, trial) -> None:
-        """Maintenance note: follows `Trainer._save_checkpoint` (5.23) but writes into a staging folder renamed into
-        place once every worker has written, and adds `checkpoint-N/adloco/rank-R.pt` (inner optimizer, sampler,
-        scaler, instance state) for each worker, since the Trainer saves rank 0's optimizer only."""
-        step = self.state.global_step
-        run_dir = self._get_output_dir(trial=trial)
-        final_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
-        staging = os.path.join(run_dir, f".tmp-{PREFIX_CHECKPOINT_DIR}-{step}")
-        if self.args.should_save:
-            shutil.rmtree(staging, ignore_errors=True)
-            os.makedirs(staging, exist_ok=True)
-        barrier()
-        if self.hp_search_backend is None and trial is None:
-            self.store_flos()
-        self.save_model(staging, _internal_call=True)
-        if not self.args.save_only_model:
-            self._save_optimizer_and_scheduler(staging)
-            self._save_scaler(staging)
-            self._save_rng_state(staging)
-            save_rank_state(staging, self.args.process_index, self.worker.state_dict())
-        barrier()
-        if self.args.should_save:
-            if self.state.best_global_step:
-                best = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}")
-                if os.path.exists(best) or self.state.best_global_step == step:
-                    self.state.best_model_checkpoint = best
-            for cb in [c for c in self.callback_handler.callbacks + [self.control] if isinstance(c, ExportableState)]:
-                name = cb.__class__.__name__
-                if isinstance(self.state.stateful_callbacks.get(name), list):
-                    self.state.stateful_callbacks[name].append(cb.state())
-                else:
-                    self.state.stateful_callbacks[name] = cb.state()
-            self.state.save_to_json(os.path.join(staging, TRAINER_STATE_NAME))
-            publish_checkpoint(staging, final_dir)
-            rotate_checkpoints(
-                output_dir=run_dir,
-                save_total_limit=self.args.save_total_limit,
-                best_model_checkpoint=self.state.best_model_checkpoint,
-                use_mtime=True,
-            )
-        barrier()
+        """Every worker's state, staged and renamed into place once all have written (see `staged_save.py`)."""
+        save_staged_checkpoint(self, self.worker, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        """Load the weights as the Trainer does, then this worker's AdLoCo state (refusing another world size)."""
+        """Load the weights as the Trainer does, then this worker's AdLoCo state (refusing another world size, or
+        changed settings that define the run: `run_settings.py`)."""
         check_rank_states(resume_from_checkpoint, self.args.world_size)
+        check_run_settings(resume_from_checkpoint, run_settings(self.args, self.accelerator.unwrap_model(self.model)))
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         self.worker.load_state_dict(load_rank_state(resume_from_checkpoint, self.args.process_index))
+
+    def _init_training_state(self, max_steps, *args, **kwargs):
+        """On resume the Trainer takes logging/eval/save steps from the checkpoint's trainer_state.json: this run's
+        win (validated as multiples of inner_steps). Maintenance note: private in transformers 5.23."""
+        trained = super()._init_training_state(max_steps, *args, **kwargs)
+        self.state.compute_steps(self.args, max_steps)
+        return trained
 
     def end(self) -> None:
         """Wait for every worker, then finish the trackers and destroy the process groups (call it last).
@@ -337,7 +355,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         without an active exception"), so the workers leave together. A script that never calls it still has its
         process groups destroyed at interpreter exit (`destroy_process_groups_at_exit`).
         """
-        barrier()
+        self.worker.monitor.check("end of training")
         super().end()
 
     # ---- merges and the merged model ----
@@ -359,7 +377,8 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         folder = os.path.join(self.args.output_dir, "merges", f"outer-{round_number}")
         info = merge_record(merge.plan, round_number)
         title = f"AdLoCo merge at round {round_number}"
-        self._save_global_weights(folder, merge.phi, title=title, extra={"adloco_merge.json": info})
+        with save_errors(folder, self.args.output_dir, self.worker.monitor.report):
+            self._save_global_weights(folder, merge.phi, title=title, extra={"adloco_merge.json": info})
         if self.args.push_to_hub:
             # A failed upload is retried, then logged at WARNING: training goes on, the merge is on disk.
             self.push_during_training(
@@ -375,7 +394,8 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         folder = output_dir or os.path.join(self.args.output_dir, "merged")
         self.worker.finish()
         if self.is_world_process_zero():
-            self.save_merged_folders(folder, self.worker.global_model.phi.detach())  # and merged-full/, cards
+            with save_errors(folder, self.args.output_dir, self.worker.monitor.report):
+                self.save_merged_folders(folder, self.worker.global_model.phi.detach())  # and merged-full/, cards
             logger.info("saved the merged model to %s", folder)
-        barrier()
+        self.worker.monitor.check(f"saving {folder}", self.worker.resume_hint)
         return folder

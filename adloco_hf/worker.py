@@ -17,7 +17,7 @@ The worker never sees the Trainer: it is handed the model, inner optimizer, sche
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -30,18 +30,20 @@ from .console import get_logger
 from .distributed import (
     ProcessGroupCache,
     WorkerMonitor,
-    all_gather_rows,
     check_models_match,
     destroy_process_groups_at_exit,
     get_rank,
     get_world_size,
 )
 from .grad_stats import GradientStatisticsCollector
+from .health import SkippedRoundsError, final_merge_warnings
 from .initialise import initialise_weights, resolve_max_batch_size
-from .instances import Instance, MergePlan, initial_instances, instance_of, plan_transfers
+from .instances import Instance, MergePlan, initial_instances, instance_of
 from .lr_scaling import apply_lr_factor, check_scheduler, lr_factor
 from .outer import DTYPES, GlobalModel
+from .preemption import Preemption
 from .rng import get_rng_state, set_rng_state
+from .round_tally import RoundTally
 from .rounds import (
     AdLoCoState,
     MergeResult,
@@ -64,17 +66,6 @@ logger = get_logger(__name__)  # prints like the Trainer's lines, at its log_lev
 INNER_PRODUCT_TESTS = ("inner_product", "augmented_inner_product")
 
 
-@dataclass
-class _RoundTally:
-    """This worker's running numbers inside the current round."""
-
-    loss_sum: torch.Tensor | float = 0.0
-    loss_steps: int = 0
-    samples: int = 0
-    tokens: torch.Tensor | int = 0
-    stats: GradientStatistics | None = None
-
-
 class Worker:
     """This process's AdLoCo state: its instance, φ and outer optimizer, batch plan, statistics and run totals.
 
@@ -88,7 +79,7 @@ class Worker:
         self.world_size = get_world_size()
         self.groups = ProcessGroupCache(timeout=args.worker_timeout)
         self.run_log = RunLog(args.output_dir)
-        self.monitor: WorkerMonitor | None = None
+        self.monitor = WorkerMonitor(args.worker_timeout, connect=False)  # plain barriers until `start` connects one
         self.instances: list[Instance] = []
         self.global_model: GlobalModel | None = None
         self.collector: GradientStatisticsCollector | None = None
@@ -98,8 +89,9 @@ class Worker:
         self.last_synced_step = 0
         self.final_merged = False
         self.totals = RunTotals()
-        self._tally = _RoundTally()
+        self._tally = RoundTally()
         self._pending: dict[str, Any] | None = None  # a checkpoint's state, applied by `start`
+        self.preemption: Preemption | None = None
         self._rng_to_restore: dict[str, Any] | None = None
         self._train_start = time.time()
         self._base_lrs: list[float] = []  # the scheduler's rates before lr_batch_scaling
@@ -125,6 +117,8 @@ class Worker:
         destroy_process_groups_at_exit()
         self.monitor = WorkerMonitor(self.args.worker_timeout)
         self.monitor.check("start of training")
+        self.preemption = Preemption(self.args.preemption_grace_seconds, self.monitor.someone_ahead)
+        self.preemption.install()
         if self.rank == 0:
             remove_stale_staging(self.args.output_dir)
         check_models_match(model, self.args.device)
@@ -146,16 +140,9 @@ class Worker:
                 model, self.args.instance_init, instance=inst, rank=self.rank, seed=self.args.seed, group=group
             )
         else:
-            self.instances = [Instance(i, tuple(w), b, d) for i, b, d, w in resume["instances"]]
+            self.instances = [Instance.from_row(row) for row in resume["instances"]]
             self._refresh_groups()
-        outer_device = torch.device("cpu") if self.args.outer_state_device == "cpu" else self.args.device
-        self.global_model = GlobalModel(
-            self._trainable(),
-            device=outer_device,
-            lr=self.args.outer_lr,
-            momentum=self.args.outer_momentum,
-            nesterov=self.args.outer_nesterov,
-        )
+        self.global_model = GlobalModel.from_args(self._trainable(), self.args)
         if resume is None:
             self.max_batch_size = resolve_max_batch_size(self.args, self._trainable(), probe_step)
             self._train_start = time.time()
@@ -235,11 +222,7 @@ class Worker:
                 self._tally.stats = self.collector.finish_with_previous(loss_scale=scale)
             if plan.remember_gradient:
                 self.collector.remember(loss_scale=scale)
-        tally = self._tally
-        tally.loss_sum = tally.loss_sum + loss.detach().float()
-        tally.loss_steps += 1
-        tally.samples += samples
-        tally.tokens = tally.tokens + tokens
+        self._tally.add_step(loss, samples, tokens)
 
     @property
     def round_statistics(self) -> GradientStatistics | None:
@@ -253,7 +236,8 @@ class Worker:
     # ---- end of a round ----
     def end_round(self, global_step: int) -> RoundResult:
         """Outer step, decisions from the all-gathered reports, merge if due, logs (every rank, same order)."""
-        self.monitor.check(f"round {self.outer_step + 1} (step {global_step})", self.resume_hint)
+        where = f"round {self.outer_step + 1} (step {global_step})"
+        self.monitor.check(where, self.resume_hint)
         self.outer_step += 1
         inst = self.instance
         started = time.perf_counter()
@@ -277,8 +261,10 @@ class Worker:
             comm_seconds=result.seconds,
             outer_seconds=time.perf_counter() - started,
             skipped=result.skipped,
+            preempt=self.preemption.requested,
         )
-        reports = [WorkerReport.from_row(row) for row in all_gather_rows(report.to_row(), self.args.device)]
+        rows = self.monitor.gather_rows(report.to_row(), f"{where}, reports", self.resume_hint)
+        reports = [WorkerReport.from_row(row) for row in rows]
         decision = decide_round(
             self.instances, reports, outer_step=self.outer_step, global_step=global_step, rules=self.rules
         )
@@ -304,13 +290,18 @@ class Worker:
                 elapsed,
             )
         self._apply_plan()
-        self._tally = _RoundTally()
+        self._tally = RoundTally()
         self.last_synced_step = global_step
         if self.rank == 0:
             self.run_log.write_rounds([line.to_json() for line in lines])
             message = round_message(lines, len(self.instances), None if merge is None else merge.plan)
             (logger.warning if any(line.skipped for line in lines) else logger.info)(message)
-        return RoundResult(lines=lines, merge=merge, instances=list(self.instances))
+            for warning in decision.warnings:  # a merged instance that made no progress
+                logger.warning(warning)
+        if decision.failure is not None:  # every rank decides it alike, so all of them stop here
+            raise SkippedRoundsError(f"{decision.failure} {self.resume_hint()}")
+        preempted = any(r.preempt for r in reports)
+        return RoundResult(lines=lines, merge=merge, instances=list(self.instances), preempted=preempted)
 
     def resume_hint(self) -> str:
         """What to do after a lost worker: named only when it happens (it lists the output folder)."""
@@ -324,30 +315,35 @@ class Worker:
                     torch.nan_to_num_(value, nan=0.0, posinf=0.0, neginf=0.0)
 
     def _merge(self, plan: MergePlan) -> MergeResult:
-        started = time.perf_counter()
-        transfers = plan_transfers(plan, writer_rank=0, save=self.args.save_merges)
-        outcome = merging.execute_merge(
+        result, changed_instance = merging.merge_at_round_end(
             plan,
-            transfers,
+            f"merge at round {self.outer_step}",
             rank=self.rank,
             global_model=self.global_model,
             inner_optimizer=self._optimizer,
             with_momentum=self.args.outer_momentum > 0,
+            save=self.args.save_merges,
+            monitor=self.monitor,
+            hint=self.resume_hint,
         )
-        if outcome.changed_instance:
-            self.collector.forget()
-        moved = all_gather_rows([outcome.sent_bytes, time.perf_counter() - started], self.args.device)
+        if changed_instance:
+            self.collector.forget()  # its kept gradient belongs to the old instance's weights
         self.totals.merges += 1
-        phi = outcome.merged_phi if self.rank == 0 and self.args.save_merges else None
-        return MergeResult(plan, int(sum(r[0] for r in moved)), max(r[1] for r in moved), phi)
+        return result
 
     # ---- end of training ----
     def finish(self) -> None:
         """Turn the surviving instances into one model on every worker (collective; idempotent)."""
         if self.final_merged:
             return
-        sent = merging.final_merge(self.instances, rank=self.rank, global_model=self.global_model)
-        self.totals.comm_bytes += int(sum(r[0] for r in all_gather_rows([sent], self.args.device)))
+        if self.rank == 0:
+            for warning in final_merge_warnings(self.instances):
+                logger.warning(warning)
+        with self.monitor.watch("final merge", self.resume_hint):
+            group = self.monitor.message_group
+            sent = merging.final_merge(self.instances, rank=self.rank, global_model=self.global_model, group=group)
+        rows = self.monitor.gather_rows([sent], "final merge", self.resume_hint)
+        self.totals.comm_bytes += int(sum(r[0] for r in rows))
         self.final_merged = True
 
     @property
@@ -380,7 +376,7 @@ class Worker:
             "rank": self.rank,
             "outer_step": self.outer_step,
             "last_synced_step": self.last_synced_step,
-            "instances": [[i.id, i.batch_size, i.demand, list(i.workers)] for i in self.instances],
+            "instances": [i.to_row() for i in self.instances],
             "max_batch_size": self.max_batch_size,
             "base_lrs": self._base_lrs,
             "global_model": self.global_model.state_dict(),
@@ -389,6 +385,7 @@ class Worker:
             "scaler": None if self._scaler is None else self._scaler.state_dict(),
             "totals": {**asdict(self.totals), "elapsed": elapsed},
             "rng": get_rng_state(),
+            "round": self._tally.state_dict(self._trainable(), self.collector),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -410,5 +407,7 @@ class Worker:
         self._sampler.load_state_dict(state["sampler"])
         if self._scaler is not None and state["scaler"] is not None:
             self._scaler.load_state_dict(state["scaler"])
+        if state.get("round") is not None:
+            self._tally = RoundTally.restore(state["round"], self._trainable(), self.collector)
         self._rng_to_restore = state.get("rng")  # right before the first inner step, see `rng.py`
         self._pending = None

@@ -47,6 +47,7 @@ def test_defaults_are_valid_and_decouple_the_workers(tmp_path):
         (dict(max_batch_size=0), "max_batch_size"),
         (dict(per_device_train_batch_size=4, batch_size_cap=2), "batch_size_cap"),
         (dict(memory_fraction=1.5), "memory_fraction"),
+        (dict(max_skipped_rounds=-1), "max_skipped_rounds"),
         (dict(average_tokens_across_devices=True), "average_tokens_across_devices"),
         (dict(ignore_data_skip=False), "ignore_data_skip"),
         (dict(dataloader_num_workers=2), "dataloader_num_workers"),

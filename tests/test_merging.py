@@ -11,7 +11,7 @@ import pytest
 import torch
 from distributed_helpers import run_workers
 
-from adloco_hf.instances import Instance, instance_of, plan_merge, plan_transfers
+from adloco_hf.instances import Instance, final_merge_weights, instance_of, plan_merge, plan_transfers
 from adloco_hf.merging import execute_merge, final_merge
 from adloco_hf.outer import GlobalModel
 
@@ -45,6 +45,12 @@ FINALS = {
     "two_instances": [Instance(0, (0, 1), 3), Instance(1, (2, 3), 1)],
     "three_instances": [Instance(0, (0, 3), 1), Instance(1, (1,), 3), Instance(2, (2,), 1, demand=5.0)],
     "one_instance": [Instance(0, (0, 1, 2, 3), 2)],
+    # Instance 1 never trained (every round skipped): it holds its starting weights, weighs 0 and sends nothing.
+    "one_never_trained": [
+        Instance(0, (0, 3), 1, trained=True),
+        Instance(1, (1,), 3),
+        Instance(2, (2,), 1, 5.0, trained=True),
+    ],
 }
 
 
@@ -255,8 +261,8 @@ def test_sent_bytes_add_up_to_the_messages(runs, case):
 def test_final_merge_leaves_every_worker_with_the_demand_weighted_average(runs, case):
     instances = FINALS[case]
     records = [r[f"final/{case}"] for r in runs]
-    total = sum(inst.demand for inst in instances)
-    expected = sum(inst.demand / total * records[inst.first_worker]["before"]["phi"].double() for inst in instances)
+    weights = final_merge_weights(instances)  # by demand, leaving out an instance that never trained
+    expected = sum(weights[inst.id] * records[inst.first_worker]["before"]["phi"].double() for inst in instances)
     for rank, record in enumerate(records):
         after = record["after"]
         assert _close(after["phi"], expected), rank
@@ -267,7 +273,7 @@ def test_final_merge_leaves_every_worker_with_the_demand_weighted_average(runs, 
         for record in records:  # nothing happened: the momentum is kept
             assert torch.equal(record["after"]["momentum"], record["before"]["momentum"])
     else:
-        firsts = {inst.first_worker for inst in instances}
+        firsts = {inst.first_worker for inst in instances if weights[inst.id] > 0}
         for rank, record in enumerate(records):
             assert record["after"]["momentum"] is None  # the final model has no outer state
             # Each other first worker sends φ to rank 0; rank 0 broadcasts the result (counted once, by rank 0).

@@ -143,6 +143,30 @@ def test_a_lost_worker_stops_the_others_with_an_error_naming_it(tmp_path, how):
     assert os.path.isfile(os.path.join(out, "checkpoint-5", "model.safetensors"))
 
 
+def test_a_worker_hung_inside_a_checkpoint_save_is_named_by_the_others(tmp_path):
+    # Rank 1 sleeps inside its save of checkpoint-10: rank 0, done with its own files, waits for it (not for ever).
+    out = str(tmp_path / "out")
+    config = dict(RESUME_CONFIG, num_instances=1, worker_timeout=4, save_steps=5)
+    spec = spec_for(out, str(tmp_path / "p"), config=config, hang_in_save=[1, 10], probes=False)
+    output = run_spec(spec, expect_failure=True, timeout=240)
+    assert "WorkerTimeoutError: AdLoCo, checkpoint-10" in output, output[-3000:]
+    assert "worker rank(s) 1 did not arrive within 4 s (dead or hung), so this worker (rank 0) stops" in output
+    assert "The last checkpoint (" in output and "checkpoint-5) is intact" in output
+    assert "checkpoint-10" not in os.listdir(out)
+    assert os.path.isfile(os.path.join(out, "checkpoint-5", "model.safetensors"))
+
+
+def test_a_hung_rank_0_is_named_by_the_others(tmp_path):
+    # Rank 0 hangs in round 2: rank 1's own error names it (not "rank 0's log names it": rank 0 is the one stuck).
+    out = str(tmp_path / "out")
+    config = dict(RESUME_CONFIG, num_instances=1, worker_timeout=4, save_steps=5)
+    spec = spec_for(out, str(tmp_path / "p"), config=config, fail=[0, 7, "hang"], probes=False)
+    output = run_spec(spec, expect_failure=True, timeout=240)
+    assert "round 2 (step 10): worker rank(s) 0 did not arrive within 4 s" in output, output[-3000:]
+    assert "so this worker (rank 1) stops" in output
+    assert "checkpoint-5" in output
+
+
 def test_models_that_differ_across_ranks_are_refused_before_any_broadcast(tmp_path):
     out = str(tmp_path / "out")
     config = dict(RESUME_CONFIG, num_instances=1, save_strategy="no")
@@ -204,3 +228,50 @@ def test_the_lost_worker_message_says_whether_there_is_a_checkpoint_to_resume(tm
     assert trainer.worker.resume_hint().startswith("No checkpoint has been saved yet")
     (out / "checkpoint-10").mkdir(parents=True)
     assert f"The last checkpoint ({out / 'checkpoint-10'}) is intact" in trainer.worker.resume_hint()
+
+
+def checkpoints_of(out):
+    return sorted(int(name.split("-")[1]) for name in os.listdir(out) if name.startswith("checkpoint-"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("target", ["self", "launcher"])
+def test_sigterm_stops_every_worker_at_the_round_end_saves_and_resumes_exactly(tmp_path, target):
+    full = str(tmp_path / "full")
+    run_spec(spec_for(full, str(tmp_path / "p0")))
+    # SIGTERM to rank 1 (or to the launcher, which forwards it to both workers) at step 12: the round ends at 15,
+    # well within the grace, so every worker stops there and saves checkpoint-15 (save_steps is 10).
+    part = str(tmp_path / "part")
+    output = run_spec(spec_for(part, str(tmp_path / "p1"), sigterm=[1, 12, target]), expect_failure=True)
+    assert "training was preempted" in output and os.path.join(part, "checkpoint-15") in output
+    assert checkpoints_of(part) == [10, 15] and not os.path.isdir(os.path.join(part, "merged"))
+    for rank in range(2):
+        state = torch.load(os.path.join(part, "checkpoint-15", "adloco", f"rank-{rank}.pt"), weights_only=True)
+        assert state["world_size"] == 2 and state["outer_step"] == 3 and state["round"] is None
+    run_spec(spec_for(part, str(tmp_path / "p2"), resume=os.path.join(part, "checkpoint-15")))
+    assert (merged_params(part) - merged_params(full)).abs().max().item() <= 1e-6
+    assert comparable(rounds_of(part)) == comparable(rounds_of(full))
+
+
+@pytest.mark.multiprocess
+def test_with_no_grace_the_round_is_cut_at_the_next_step_and_resumes_exactly(tmp_path):
+    # Rounds of 10 steps; SIGTERM to rank 0 at step 12, with no grace: both workers stop inside round 2.
+    config = dict(RESUME_CONFIG, inner_steps=10, save_steps=10, preemption_grace_seconds=0)
+    full = str(tmp_path / "full")
+    run_spec(spec_for(full, str(tmp_path / "p0"), config=config))
+    part = str(tmp_path / "part")
+    # No per-step collectives of the test's own probes (with them the workers could only agree on the round's end),
+    # and every worker looks for the request after each step (once a second by default: these steps take ~50 ms).
+    spec = spec_for(
+        part, str(tmp_path / "p1"), config=config, sigterm=[0, 12, "self"], probes=False, preemption_poll=0
+    )
+    output = run_spec(spec, expect_failure=True)
+    assert "training was preempted" in output
+    cut = [step for step in checkpoints_of(part) if step % 10 != 0]
+    assert len(cut) == 1 and 13 <= cut[0] < 20, checkpoints_of(part)  # inside round 2, where both could stop
+    for rank in range(2):
+        state = torch.load(os.path.join(part, f"checkpoint-{cut[0]}", "adloco", f"rank-{rank}.pt"), weights_only=True)
+        assert state["outer_step"] == 1 and state["round"]["loss_steps"] == cut[0] - 10  # each worker's own round
+    run_spec(spec_for(part, str(tmp_path / "p2"), config=config, resume=os.path.join(part, f"checkpoint-{cut[0]}")))
+    assert (merged_params(part) - merged_params(full)).abs().max().item() <= 1e-6
+    assert comparable(rounds_of(part)) == comparable(rounds_of(full))

@@ -5,7 +5,8 @@ import math
 import pytest
 
 from adloco_hf.batch_size import GradientStatistics
-from adloco_hf.instances import Instance
+from adloco_hf.health import final_merge_warnings
+from adloco_hf.instances import Instance, final_merge_weights
 from adloco_hf.rounds import (
     AdLoCoState,
     RoundRules,
@@ -131,6 +132,7 @@ def test_a_due_merge_takes_the_smallest_pair_and_the_larger_demand_survives():
     assert sorted(i.id for i in decision.instances) == [0, 2]
     assert sorted(w for i in decision.instances for w in i.workers) == [0, 1, 2]
     assert set(decision.lines) == {0, 1, 2}  # the merged-away instance still has its line for this round
+    assert decision.warnings == [] and decision.failure is None  # both trained: nothing to warn about
 
 
 def test_merges_wait_for_their_round_and_ties_go_to_the_lower_id():
@@ -215,3 +217,101 @@ def test_logs_tell_the_batch_used_in_the_round_from_the_next_request():
     # adloco/batch_size: the next requests, averaged over all workers.
     expected = (lines[0].next_batch_size + 2 * lines[1].next_batch_size) / 3
     assert logs["adloco/batch_size"] == pytest.approx(expected)
+
+
+# ---- degraded instances: rounds skipped in a row, no progress, the stop (health.py) ----
+def play(table, skipped_by_round, *, nan_ranks=(), **rule_overrides):
+    """Decide rounds 1, 2, ... where `skipped_by_round[n]` lists the instances skipped in round n + 1; the workers in
+    `nan_ranks` report a NaN loss. Returns every decision."""
+    decisions = []
+    for index, skipped in enumerate(skipped_by_round):
+        reports = [None] * sum(len(inst.workers) for inst in table)
+        for inst in table:
+            for rank in inst.workers:
+                loss = math.nan if rank in nan_ranks else 2.0
+                reports[rank] = report(inst.id, skipped=inst.id in skipped, loss=loss)
+        decision = decide_round(
+            table, reports, outer_step=index + 1, global_step=10 * (index + 1), rules=rules(**rule_overrides)
+        )
+        decisions.append(decision)
+        table = decision.instances
+    return decisions
+
+
+def test_skipped_rounds_are_counted_in_a_row_and_a_round_that_trains_resets_the_count():
+    decisions = play([Instance(0, (0, 1), 4)], [{0}, {0}, set(), {0}])
+    assert [d.lines[0].skipped_in_a_row for d in decisions] == [1, 2, 0, 1]
+    assert [d.instances[0].skipped_in_a_row for d in decisions] == [1, 2, 0, 1]
+    assert [d.failure for d in decisions] == [None] * 4  # never more than 3 in a row
+    message = round_message([decisions[1].lines[0]], 1, None)
+    assert message.endswith("| SKIPPED (non-finite) [0] (i0: 2 in a row)")
+
+
+def test_more_rounds_skipped_in_a_row_than_allowed_stop_the_run_naming_the_instance_and_its_workers():
+    table = [Instance(0, (0,), 4), Instance(1, (1, 2), 4)]
+    decisions = play(table, [{1}] * 4, nan_ranks=(2,), max_skipped_rounds=3)
+    assert [d.failure is None for d in decisions] == [True, True, True, False]
+    failure = decisions[3].failure
+    assert failure.startswith("AdLoCo, round 4 (step 40): instance 1 (worker rank(s) [1, 2]) skipped rounds 1-4 (4 in")
+    assert "more than max_skipped_rounds=3" in failure and "have not moved since the start" in failure
+    assert "the training loss was not finite on worker rank(s) [2]" in failure
+    assert "resume from a checkpoint" in failure and "raise max_skipped_rounds" in failure
+    assert "instance 0" not in failure
+    # 0 stops at the first skipped round; None never stops.
+    assert play(table, [{1}], max_skipped_rounds=0)[0].failure is not None
+    assert all(d.failure is None for d in play(table, [{1}] * 6, max_skipped_rounds=None))
+    # A round that trains in between starts the count again.
+    assert all(d.failure is None for d in play(table, [{1}, {1}, {1}, set(), {1}, {1}], max_skipped_rounds=3))
+
+
+def test_an_instance_that_never_trained_is_merged_with_weight_0_and_named_in_a_warning():
+    # Instance 1 skipped both rounds since the start: it still holds its starting weights.
+    table = [Instance(0, (0,), 4), Instance(1, (1,), 4)]
+    decision = play(table, [{1}, {1}], merge_every=2)[1]
+    assert (decision.merge.survivor, decision.merge.merged) == (0, 1)  # equal demands: the lower id survives
+    assert decision.merge.weights == (1.0, 0.0)
+    assert len(decision.warnings) == 1
+    warning = decision.warnings[0]
+    assert warning.startswith("round 2: instance 1 (worker rank(s) [1]) made no progress: all its 2 round(s) since")
+    assert "with weight 0, not its demand's" in warning and "pull instance 0 back" in warning
+    assert decision.instances[0].trained and decision.failure is None
+    assert "merged 1→0 (weights 1.00/0.00)" in round_message(list(decision.lines.values()), 1, decision.merge)
+    # When the untrained instance is the survivor (larger demand), the other one's weights are all it keeps.
+    table = [Instance(0, (0,), 4), Instance(1, (1, 2), 4)]
+    decision = play(table, [{1}, {1}], merge_every=2)[1]
+    assert (decision.merge.survivor, decision.merge.merged) == (1, 0) and decision.merge.weights == (0.0, 1.0)
+    assert "instance 1 (worker rank(s) [1, 2]) made no progress" in decision.warnings[0]
+
+
+def test_an_instance_without_progress_since_its_last_merge_keeps_its_demand_weight_with_a_warning():
+    # Instance 0 trained before its last merge, then skipped both rounds since: its weights are that merge's.
+    table = [Instance(0, (0,), 4, trained=True), Instance(1, (1,), 4, trained=True)]
+    decision = play(table, [{0}, {0}], merge_every=2)[1]
+    assert decision.merge.weights == pytest.approx((0.5, 0.5))
+    assert len(decision.warnings) == 1
+    assert decision.warnings[0].startswith("round 2: instance 0 (worker rank(s) [0]) made no progress: all its 2")
+    assert "since its last merge" in decision.warnings[0] and "with its demand's weight 0.50" in decision.warnings[0]
+    survivor = decision.instances[0]
+    assert survivor.rounds_since_merge == 0 and survivor.skipped_in_a_row == 2  # a merge keeps the count
+    assert not survivor.made_no_progress  # no round since the merge yet
+
+
+def test_the_final_merge_leaves_out_instances_that_never_trained_and_names_them():
+    table = play([Instance(0, (0,), 4), Instance(1, (1,), 2)], [{1}, {1}])[-1].instances
+    assert final_merge_weights(table) == {0: 1.0, 1: 0.0}
+    warnings = final_merge_warnings(table)
+    assert len(warnings) == 1 and warnings[0].startswith("final merge: instance 1 (worker rank(s) [1]) made no")
+    assert "with weight 0" in warnings[0]
+    trained = play([Instance(0, (0,), 4), Instance(1, (1,), 2)], [set()])[-1].instances
+    assert final_merge_weights(trained) == pytest.approx({0: 4 / 6, 1: 2 / 6}) and final_merge_warnings(trained) == []
+    # Nothing trained: the demands decide, as before, and every instance is named.
+    untrained = play([Instance(0, (0,), 4), Instance(1, (1,), 2)], [{0, 1}])[-1].instances
+    assert final_merge_weights(untrained) == pytest.approx({0: 4 / 6, 1: 2 / 6})
+    assert len(final_merge_warnings(untrained)) == 2
+
+
+def test_an_instance_row_survives_a_checkpoint_and_old_rows_read_as_trained():
+    inst = Instance(2, (1, 3), 6, 30.0, skipped_in_a_row=2, rounds_since_merge=5, trained=True)
+    assert Instance.from_row(inst.to_row()) == inst
+    old = Instance.from_row([2, 6, 30.0, [1, 3]])  # written before the counts existed
+    assert (old.skipped_in_a_row, old.rounds_since_merge, old.trained) == (0, 0, True)

@@ -78,6 +78,15 @@ def test_resume_keeps_lines_up_to_the_checkpoint_and_drops_a_half_written_line(t
     assert [r["outer_step"] for r in load_rounds(tmp_path)] == [1, 1, 2, 2, 3]
 
 
+def test_resume_from_the_final_checkpoint_drops_the_merged_models_evaluation(tmp_path):
+    # Killed after the merged model's evaluation (in the push, say): the resumed run evaluates it again, once.
+    log = RunLog(str(tmp_path))
+    log.start(resumed_outer_step=None, resumed_global_step=None)
+    log.write_eval([eval_line(20, 0, 2.5), eval_line(30, 0, 2.2), eval_line(30, MERGED, 2.0)])
+    RunLog(str(tmp_path)).start(resumed_outer_step=3, resumed_global_step=30)
+    assert [(e["global_step"], e["instance"]) for e in load_evals(tmp_path)] == [(20, 0), (30, 0)]
+
+
 def test_resume_keeps_a_complete_last_line_without_newline(tmp_path):
     (tmp_path / ROUNDS_FILE).write_text(json.dumps(round_line(1, 0)) + "\n" + json.dumps(round_line(2, 0)))
     log = RunLog(str(tmp_path))

@@ -1,13 +1,18 @@
 """A worker of the multi-process tests: `accelerate launch --multi_gpu --num_processes P adloco_worker.py SPEC_JSON`.
 
 SPEC_JSON holds `output_dir`, `world_size` (asserted inside every worker), `config` (AdLoCoConfig overrides),
-`probe_dir` (where workers write what they observed) and optional `eval`, `resume`, `nan` and `die` settings.
+`probe_dir` (where workers write what they observed) and optional `eval`, `resume`, `nan`, `fail`, `kill_in_save`,
+`hang_in_save` ([rank, step]: that rank sleeps inside its checkpoint save) and `disk_full` ([rank, step, target]:
+`torch.save` or `save_pretrained` fails there as on a full disk), `kill_in_merged_save` (rank 0 dies inside the
+final `merged/` save, its weights written but the folder not yet renamed into place) settings.
 Assertions that need several ranks' tensors run here, inside the workers; the test reads the probe files.
 """
 
 import atexit
+import errno
 import json
 import os
+import signal
 import sys
 import time
 
@@ -20,8 +25,9 @@ from transformers import TrainerCallback, default_data_collator
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from helpers import flat_params, sequence_dataset, tiny_model  # noqa: E402
 
+import adloco_hf.checkpoint as checkpoint_module  # noqa: E402
 import adloco_hf.merging as merging  # noqa: E402
-import adloco_hf.trainer as trainer_module  # noqa: E402
+import adloco_hf.staged_save as staged_save  # noqa: E402
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
 from adloco_hf.lr_scaling import lr_factor  # noqa: E402
 from adloco_hf.switch_mode import plan_batch  # noqa: E402
@@ -133,11 +139,15 @@ class RecordingTrainer(AdLoCoTrainer):
     """Records the batch each inner step really received, and can poison one worker's loss with NaN."""
 
     nan_at: tuple[int, int] | None = None  # (rank, global step)
+    nan_onwards = False  # poison every step from nan_at's on (a worker broken for good), not only that one
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.seen_batches = getattr(self, "seen_batches", [])
         self.seen_batches.append(int(inputs["input_ids"].shape[0]))
-        if self.nan_at == (self.args.process_index, self.state.global_step):
+        step = self.state.global_step
+        if self.nan_at is not None and self.nan_onwards and self.nan_at[0] == self.args.process_index:
+            step = min(step, self.nan_at[1])
+        if self.nan_at == (self.args.process_index, step):
             with torch.no_grad():
                 next(self.model.parameters()).fill_(float("nan"))
         return super().training_step(model, inputs, num_items_in_batch)
@@ -178,6 +188,26 @@ class FakeHubApi:
         return "commit"
 
 
+def fill_disk(trainer, model, rank: int, full_rank: int, full_step: int, target: str) -> None:
+    """From `full_step` on, `target` fails on `full_rank` as it does on a full disk: `torch.save` with the C++
+    stream's RuntimeError, `save_pretrained` with OSError(ENOSPC). Nothing on the machine's disk is touched."""
+    if rank != full_rank:
+        return
+
+    def failing(original, error):
+        def write(*args, **kwargs):
+            if trainer.state.global_step >= full_step:
+                raise error
+            return original(*args, **kwargs)
+
+        return write
+
+    if target == "torch.save":
+        torch.save = failing(torch.save, RuntimeError("basic_ios::clear: iostream error"))
+    else:
+        model.save_pretrained = failing(model.save_pretrained, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+
+
 def record_exit_state(path: str) -> None:
     """Registered before training, so it runs after the library's own exit hook (atexit is last in, first out)."""
     with open(path, "w") as f:
@@ -209,16 +239,40 @@ def main() -> None:
     model = tiny_model(hidden_size=48, **dropout) if spec.get("mismatch_rank") == rank else tiny_model(**dropout)
     trainer = RecordingTrainer(model=model, args=args, train_dataset=data, eval_dataset=eval_data)
     if spec.get("kill_in_save") is not None:
-        kill_step, original_save = spec["kill_in_save"], trainer_module.save_rank_state
+        kill_step, original_save = spec["kill_in_save"], staged_save.save_rank_state
 
         def dying_save(checkpoint_dir, save_rank, state):
             if save_rank == 0 and trainer.state.global_step == kill_step:
                 os._exit(9)  # killed in the middle of writing the checkpoint
             return original_save(checkpoint_dir, save_rank, state)
 
-        trainer_module.save_rank_state = dying_save
+        staged_save.save_rank_state = dying_save
+    if spec.get("hang_in_save") is not None:
+        hang_rank, hang_step = spec["hang_in_save"]
+        saving = staged_save.save_rank_state
+
+        def hanging_save(checkpoint_dir, save_rank, state):
+            if save_rank == hang_rank and trainer.state.global_step == hang_step:
+                time.sleep(3600)  # hung in the middle of writing the checkpoint (never comes back)
+            return saving(checkpoint_dir, save_rank, state)
+
+        staged_save.save_rank_state = hanging_save
+    if spec.get("disk_full") is not None:
+        fill_disk(trainer, model, rank, *spec["disk_full"])
+    if spec.get("kill_in_merged_save"):
+        original_folder_save = checkpoint_module.save_model_folder
+
+        def dying_folder_save(folder, model, **kwargs):
+            if os.path.basename(os.path.normpath(folder)) != "merged":
+                return original_folder_save(folder, model, **kwargs)
+            with checkpoint_module.atomic_directory(folder) as tmp:
+                model.save_pretrained(tmp, state_dict=kwargs.get("state_dict"), is_main_process=True)
+                os._exit(1)  # killed with the weights written, before the folder is renamed into place
+
+        checkpoint_module.save_model_folder = dying_folder_save  # what save_global_weights calls
     if spec.get("nan"):
-        trainer.nan_at = tuple(spec["nan"])
+        trainer.nan_at = tuple(spec["nan"][:2])  # [rank, step] or [rank, step, "onwards"]
+        trainer.nan_onwards = spec["nan"][2:] == ["onwards"]
     before = BeforeSync(trainer, spec)
     after = AfterSync(trainer, before, spec)
     if spec.get("probes", True):  # the probes' own collectives would block on a lost worker first
@@ -237,6 +291,19 @@ def main() -> None:
                     os._exit(int(how))
 
         trainer.add_callback(Fail())
+    if spec.get("preemption_poll") is not None:  # look for a stop request after every step, not once a second
+        import adloco_hf.preemption as preemption
+
+        preemption._POLL_SECONDS = spec["preemption_poll"]
+    if spec.get("sigterm") is not None:
+        signal_rank, signal_step, target = spec["sigterm"]  # target: "self" or "launcher" (accelerate's agent)
+
+        class Preempt(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                if signal_rank in (rank, "all") and state.global_step == signal_step:
+                    os.kill(os.getpid() if target == "self" else os.getppid(), signal.SIGTERM)
+
+        trainer.add_callback(Preempt())
     trainer.train(resume_from_checkpoint=spec.get("resume"))
     final = flat_params(trainer.model)
     stacked = gather_params(trainer.model)
@@ -252,7 +319,7 @@ def main() -> None:
         "min_spread_inside_round": before.min_spread_inside,
         "sampler_sizes": after.sampler_sizes,
         "lr_factors": after.lr_factors,
-        "seen_batches": trainer.seen_batches,
+        "seen_batches": getattr(trainer, "seen_batches", []),  # none when a resumed run had no step left
         "eval_checks": probe.checks,
         "instances": [[i.id, list(i.workers), i.batch_size] for i in trainer.worker.instances],
     }
