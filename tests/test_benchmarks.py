@@ -572,3 +572,19 @@ def test_distributed_costs_script_end_to_end(tmp_path):
         lost = results[f"lost_worker_{kind}"]
         assert lost["noticed_after_seconds"] is not None and lost["barrier_wait_seconds"] >= 0
         assert "1" in lost["message"]  # names the lost rank
+
+
+def test_the_fault_benchmark_knows_its_scenarios_and_refuses_unknown_ones(capsys):
+    from recipes.benchmarks import faults
+
+    assert {
+        "kill_all",
+        "sigterm_round_end",
+        "sigterm_cut",
+        "sigterm_launcher",
+        "truncated_checkpoint",
+        "disk_full",
+    } <= set(faults.SCENARIOS)
+    with pytest.raises(SystemExit):
+        faults.main(["--scenarios", "kill_all,no_such_fault"])
+    assert "unknown scenario(s) ['no_such_fault']" in capsys.readouterr().err
