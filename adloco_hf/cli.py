@@ -156,6 +156,9 @@ def setup_logging(training_args: TrainingArguments) -> None:
     )
     log_level = training_args.get_process_log_level()
     transformers.utils.logging.set_verbosity(log_level)
+    # The library's logger hangs under transformers' (console.py), whose level `log_level` sets; a recipe shows the
+    # per-round lines on rank 0 whatever `log_level` is.
+    logging.getLogger("adloco_hf").setLevel(min(logging.INFO if is_main else logging.WARNING, log_level))
     datasets.utils.logging.set_verbosity(log_level)
     if not is_main:
         datasets.disable_progress_bars()

@@ -251,6 +251,7 @@ def test_pretrain_recipe_with_two_workers(pretrained_run):
     assert model.config.vocab_size == len(tokenizer) == 512
     assert (out / "adloco_run.png").stat().st_size > 10_000
     assert "AdLoCo run:" in output and "eval perplexity" in output
+    assert "round 4 (step" in output  # the library's per-round line reaches the recipe's console on rank 0
 
 
 def write_notes(path: Path, documents: int = 80) -> None:
