@@ -183,9 +183,13 @@ def _free_space(path: str) -> str:
         return f"free space on {where} unknown: {error}"
 
 
+def _last_checkpoint(output_dir: str) -> str | None:
+    return get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+
+
 def last_good_checkpoint(output_dir: str) -> str:
     """Which checkpoint a failed save leaves to resume from, as a sentence."""
-    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    last = _last_checkpoint(output_dir)
     if last is None:
         return "No checkpoint has been saved yet, so there is none to resume from."
     return f"The last good checkpoint ({last}) is kept: resume from it with train(resume_from_checkpoint=True)."
@@ -216,7 +220,7 @@ def save_errors(path: str, output_dir: str, report: Callable[[BaseException], No
 
 def resume_hint(output_dir: str) -> str:
     """What a user can do after a lost worker, from the checkpoints in `output_dir`."""
-    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    last = _last_checkpoint(output_dir)
     if last is None:
         return "No checkpoint has been saved yet; set save_steps to a multiple of inner_steps to be able to resume."
     return f"The last checkpoint ({last}) is intact: resume with train(resume_from_checkpoint=True)."

@@ -104,7 +104,7 @@ def evaluate_instances(
                 if (name := key.removeprefix(f"{metric_key_prefix}_")) not in ("loss", *_NOT_METRICS)
             }
         progress = trainer.compute_metrics is None  # else evaluation_loop has reported its own steps
-        losses = instance_losses(trainer, worker, dataset, single=True, ignore_keys=ignore_keys, progress=progress)
+        losses = instance_losses(trainer, worker, dataset, ignore_keys=ignore_keys, progress=progress)
         ((instance_id, loss),) = losses.items()
         values = _with_perplexity({**custom, **({} if loss is None else {"loss": loss})}, causal_lm)
         metrics.update(
@@ -147,15 +147,13 @@ def _evaluate_each_instance(trainer: Trainer, worker: Worker, dataset, ignore_ke
 
 
 def instance_losses(
-    trainer: Trainer, worker: Worker, dataset, single: bool, ignore_keys=None, progress: bool = True
+    trainer: Trainer, worker: Worker, dataset, ignore_keys=None, progress: bool = True
 ) -> dict[int, float | None]:
-    """{instance id: mean loss per token (per sample for models without labels to count)} on the whole set; None
-    for an instance whose model gave no loss (no labels)."""
+    """{id: mean loss per token (per sample for models without labels to count)} of the single model (one instance,
+    or the merged one) on the whole set, every worker taking a shard; None when the model gave no loss (no labels).
+    Several instances are evaluated by `_evaluate_each_instance`."""
     rank = trainer.args.process_index
-    if single:
-        group_id, members = (worker.instances[0].id if worker.instances else 0), list(range(trainer.args.world_size))
-    else:
-        group_id, members = worker.instance.id, list(worker.instance.workers)
+    group_id, members = (worker.instances[0].id if worker.instances else 0), list(range(trainer.args.world_size))
     shard = predict_shard(trainer, dataset, members, rank, ignore_keys=ignore_keys, progress=progress)
     return _pool_losses(worker, group_id, shard)
 

@@ -24,7 +24,7 @@ from transformers.trainer_pt_utils import EvalLoopContainer, nested_concat
 from transformers.trainer_utils import EvalPrediction, denumpify_detensorize, unwrap_peft_model
 
 from .batches import batch_length
-from .distributed import WorkerMonitor, is_distributed
+from .distributed import WorkerMonitor
 
 
 __all__ = ["ShardOutput", "instance_metrics", "is_causal_lm", "predict_shard", "share_instance_metrics"]
@@ -184,13 +184,13 @@ def share_instance_metrics(
     rank: int,
     group,
     prefix: str,
-    monitor: WorkerMonitor | None = None,
+    monitor: WorkerMonitor,
 ) -> dict[int, dict[str, Any]]:
     """{instance id: its `compute_metrics` result} on every rank (collective over the world).
 
     An error in a first worker's `compute_metrics` is raised on that worker and, as a `RuntimeError` naming it, on
-    every other rank, instead of leaving them waiting. With a `monitor` the results travel on its group: a worker
-    that does not come within its timeout is named (`WorkerTimeoutError`).
+    every other rank, instead of leaving them waiting. The results travel on the `monitor`'s group: a worker that does
+    not come within its timeout is named (`WorkerTimeoutError`).
     """
     failure, payload = None, None
     try:
@@ -199,13 +199,7 @@ def share_instance_metrics(
             payload = (instance_id, metrics, None)
     except Exception as error:  # noqa: BLE001 - re-raised below, after the other ranks have been told
         failure, payload = error, (instance_id, None, f"{type(error).__name__}: {error}")
-    if monitor is not None:
-        gathered = monitor.gather_objects(payload, "evaluation (compute_metrics)")
-    elif is_distributed():
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, payload)
-    else:
-        gathered = [payload]
+    gathered = monitor.gather_objects(payload, "evaluation (compute_metrics)")
     if failure is not None:
         raise failure
     for who, entry in enumerate(gathered):

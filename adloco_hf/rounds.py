@@ -340,7 +340,6 @@ class RoundResult:
 
     lines: list[RoundLine]
     merge: MergeResult | None = None
-    instances: list[Instance] = field(default_factory=list)
     preempted: bool = False  # some worker got SIGTERM/SIGINT: every worker stops after this round
 
 

@@ -132,19 +132,13 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         # step's position, not from 0, so a resumed run logs the epochs an uninterrupted one does.
         self.state.epoch = step / self.state.max_steps
         round_end = self.worker.is_round_end(step) and step != self.worker.last_synced_step
-        stop = self.worker.preemption.after_step(step, steps_to_round_end=self._steps_to_round_end(step))
+        stop = self.worker.preemption.after_step(step, steps_to_round_end=self.worker.steps_to_round_end(step))
         if round_end:
             result = self.worker.end_round(step)
             self._after_round(result)
             stop = stop or result.preempted
         if stop:
             self._stop_for_preemption()  # inside a round, the checkpoint holds every worker's own weights
-
-    def _steps_to_round_end(self, step: int) -> int:
-        if step == self.worker.last_synced_step:
-            return 0
-        next_end = min(-(-step // self.args.inner_steps) * self.args.inner_steps, self.state.max_steps)
-        return next_end - step
 
     def _stop_for_preemption(self) -> None:
         """Save a checkpoint at this step on every worker, then leave the training loop (see `preemption.py`)."""
@@ -159,7 +153,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         if self.args.include_num_input_tokens_seen != "no":
             self.state.num_input_tokens_seen = self.worker.totals.tokens
         if self.args.logging_strategy != "no":
-            self.log(round_logs(result.lines, self.worker.state, result.instances))
+            self.log(round_logs(result.lines, self.worker.state, self.worker.instances))
         if result.merge is not None or any(line.next_batch_size != line.batch_size for line in result.lines):
             self._restart_progress_estimate()
 

@@ -191,6 +191,13 @@ class Worker:
         """Whether the round ends after `step` inner steps (the last round may be cut short by max_steps)."""
         return step % self.args.inner_steps == 0 or step >= self.max_steps
 
+    def steps_to_round_end(self, step: int) -> int:
+        """Inner steps from `step` to the end of its round (0 at a round's end)."""
+        if step == self.last_synced_step:
+            return 0
+        next_end = min(-(-step // self.args.inner_steps) * self.args.inner_steps, self.max_steps)
+        return next_end - step
+
     def plan_step(self, step: int, batch: int) -> StepPlan:
         """How to run the inner step about to start (0-based `step`) on a batch of `batch` samples."""
         if self._rng_to_restore is not None:
@@ -282,7 +289,7 @@ class Worker:
         self.totals.tokens += int(sum(r.tokens for r in reports))
         self.totals.comm_bytes += sum(line.comm_bytes for line in lines)
         self.totals.skipped_rounds += sum(1 for line in lines if line.skipped)
-        elapsed = self.totals.elapsed + time.time() - self._train_start
+        elapsed = self._elapsed()
         for line in lines:
             line.num_instances, line.total_tokens, line.elapsed_seconds = (
                 len(self.instances),
@@ -301,7 +308,7 @@ class Worker:
         if decision.failure is not None:  # every rank decides it alike, so all of them stop here
             raise SkippedRoundsError(f"{decision.failure} {self.resume_hint()}")
         preempted = any(r.preempt for r in reports)
-        return RoundResult(lines=lines, merge=merge, instances=list(self.instances), preempted=preempted)
+        return RoundResult(lines=lines, merge=merge, preempted=preempted)
 
     def resume_hint(self) -> str:
         """What to do after a lost worker: named only when it happens (it lists the output folder)."""
@@ -346,6 +353,10 @@ class Worker:
         self.totals.comm_bytes += int(sum(r[0] for r in rows))
         self.final_merged = True
 
+    def _elapsed(self) -> float:
+        """Training seconds across resumes."""
+        return self.totals.elapsed + time.time() - self._train_start
+
     @property
     def state(self) -> AdLoCoState:
         """Where the run stands (see [`AdLoCoState`])."""
@@ -356,7 +367,7 @@ class Worker:
             comm_bytes=self.totals.comm_bytes,
             merges=self.totals.merges,
             skipped_rounds=self.totals.skipped_rounds,
-            elapsed_seconds=self.totals.elapsed + time.time() - self._train_start,
+            elapsed_seconds=self._elapsed(),
             num_instances=len(self.instances),
             batch_sizes={i.id: i.batch_size for i in self.instances},
             workers={i.id: i.workers for i in self.instances},
@@ -370,7 +381,7 @@ class Worker:
     # ---- checkpoints ----
     def state_dict(self) -> dict[str, Any]:
         """This worker's resume state: instance table, φ and momentum, inner optimizer, sampler, scaler, totals."""
-        elapsed = self.totals.elapsed + time.time() - self._train_start
+        elapsed = self._elapsed()
         return {
             "world_size": self.world_size,
             "rank": self.rank,

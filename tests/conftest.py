@@ -1,3 +1,4 @@
+import logging
 import os
 import sys
 
@@ -24,3 +25,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def records(caplog):
+    """Records of adloco_hf's loggers, which hang under the (non-propagating) `transformers` logger (pytest >= 8
+    attaches caplog's handler to such loggers itself; otherwise it is added here)."""
+    library = logging.getLogger("transformers")
+    added = caplog.handler not in library.handlers
+    if added:
+        library.addHandler(caplog.handler)
+    yield caplog
+    if added:
+        library.removeHandler(caplog.handler)

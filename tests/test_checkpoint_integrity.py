@@ -21,18 +21,6 @@ from adloco_hf.manifest import (
 )
 
 
-@pytest.fixture
-def records(caplog):
-    """Records of adloco_hf's loggers, which hang under the (non-propagating) `transformers` logger."""
-    library = logging.getLogger("transformers")
-    added = caplog.handler not in library.handlers
-    if added:
-        library.addHandler(caplog.handler)
-    yield caplog
-    if added:
-        library.removeHandler(caplog.handler)
-
-
 def warnings_of(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("adloco_hf")]
 

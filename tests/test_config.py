@@ -125,16 +125,9 @@ def test_options_adloco_cannot_honour_are_refused_with_what_to_use_instead(tmp_p
 
 
 @pytest.fixture
-def adloco_records(caplog):
-    """Records of adloco_hf's loggers, which hang under the (non-propagating) `transformers` logger."""
-    library = logging.getLogger("transformers")
-    added = caplog.handler not in library.handlers  # pytest >= 8 attaches it to non-propagating loggers itself
-    if added:
-        library.addHandler(caplog.handler)
+def adloco_records(records):
     compat._warned.clear()  # each test sees its own "once"
-    yield caplog
-    if added:
-        library.removeHandler(caplog.handler)
+    return records
 
 
 @pytest.mark.parametrize(

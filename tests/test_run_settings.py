@@ -28,18 +28,6 @@ def config(tmp_path, **changes) -> AdLoCoConfig:
     return AdLoCoConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], **{**BASE, **changes})
 
 
-@pytest.fixture
-def records(caplog):
-    """Records of adloco_hf's loggers, which hang under the (non-propagating) `transformers` logger."""
-    library = logging.getLogger("transformers")
-    added = caplog.handler not in library.handlers
-    if added:
-        library.addHandler(caplog.handler)
-    yield caplog
-    if added:
-        library.removeHandler(caplog.handler)
-
-
 def changes(tmp_path, model=None, new_model=None, resolved=None, **new):
     """(refused, restored) from a checkpoint of the base config (max_batch_size resolved as `resolved`) to `new`."""
     saved = run_settings(config(tmp_path), model or tiny_model(), max_batch_size=resolved)

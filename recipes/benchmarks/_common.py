@@ -20,6 +20,7 @@ from adloco_hf.report import format_bytes
 
 
 __all__ = [
+    "REPO",
     "human_bytes",
     "interpolate_curve",
     "median_spread",
@@ -30,6 +31,9 @@ __all__ = [
     "table",
     "write_json",
 ]
+
+# The repository root: benchmarks run their workers from it, with it on PYTHONPATH.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _PID = re.compile(r"pid=(\d+)")
 _BYTES_SENT = re.compile(r"\bbytes_sent:(\d+)")

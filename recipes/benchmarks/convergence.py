@@ -46,10 +46,9 @@ import os
 import time
 
 from adloco_hf.testing import launch_command, run_workers
-from recipes.benchmarks._common import human_bytes, interpolate_curve, ratio, table, write_json
+from recipes.benchmarks._common import REPO, human_bytes, interpolate_curve, ratio, table, write_json
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Launched as a module from the repository root (`accelerate launch --module`): no path edits in the workers.
 WORKER_MODULE = "recipes.benchmarks._convergence_worker"
 

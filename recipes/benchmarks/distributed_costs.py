@@ -25,11 +25,11 @@ import statistics
 import tempfile
 import time
 
+from adloco_hf.run_log import group_by_round
 from adloco_hf.testing import launch_command, run_workers
-from recipes.benchmarks._common import socket_bytes_sent
+from recipes.benchmarks._common import REPO, socket_bytes_sent
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The workers run this module again, with `--worker SPEC_JSON` (`accelerate launch --module`, from REPO).
 MODULE = "recipes.benchmarks.distributed_costs"
 
@@ -170,12 +170,8 @@ def merge_events(reports: list[dict], rounds: list[dict]) -> list[dict]:
     included; `merge_bytes`). The sockets are read around the whole round end, which also holds the round's outer
     all-reduces: `socket_bytes` takes their modelled bytes out of `round_end_socket_bytes` (all workers).
     """
-    by_round: dict[int, list[dict]] = {}
-    for line in rounds:
-        by_round.setdefault(line["outer_step"], []).append(line)
     events = []
-    for step in sorted(by_round):
-        lines = by_round[step]
+    for step, lines in group_by_round(rounds).items():
         survivor = next((line for line in lines if line["merged_from"]), None)
         if survivor is None:
             continue

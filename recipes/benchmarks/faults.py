@@ -24,10 +24,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from adloco_hf.testing import launch_command, run_workers
-from recipes.benchmarks._common import table, write_json
+from recipes.benchmarks._common import REPO, table, write_json
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(REPO, "tests", "scripts", "adloco_worker.py")
 CONFIG = dict(
     max_steps=30, inner_steps=5, save_steps=10, num_instances=2, merge_every=4, per_device_train_batch_size=2,
@@ -44,7 +43,7 @@ class Outcome:
     work_lost_steps: int | None
     resumed_equal: bool | None
     max_difference: float | None
-    seconds: float
+    seconds: float = 0.0
 
 
 def launch(out: str, probe: str, *, config: dict | None = None, timeout: int = 300, **extra) -> tuple[bool, str]:
@@ -86,7 +85,7 @@ def first_line(output: str, *needles: str) -> str:
 class Bench:
     def __init__(self, root: str):
         self.root = root
-        self.reference: torch.Tensor | None = None
+        self._references: dict[str, torch.Tensor] = {}  # uninterrupted runs' merged models, by config
 
     def folder(self, name: str) -> str:
         path = os.path.join(self.root, name)
@@ -95,15 +94,13 @@ class Bench:
 
     def uninterrupted(self, config: dict | None = None) -> torch.Tensor:
         key = json.dumps(config or {}, sort_keys=True)
-        cache = getattr(self, "_references", {})
-        if key not in cache:
-            out = self.folder(f"uninterrupted-{len(cache)}")
+        if key not in self._references:
+            out = self.folder(f"uninterrupted-{len(self._references)}")
             ok, output = launch(out, out + "-probe", config=config)
             if not ok:
                 raise RuntimeError(f"the uninterrupted run failed:\n{output[-3000:]}")
-            cache[key] = merged(out)
-            self._references = cache
-        return cache[key]
+            self._references[key] = merged(out)
+        return self._references[key]
 
     def resume_and_compare(self, out: str, checkpoint: str | bool, config: dict | None = None) -> tuple[bool, float]:
         ok, output = launch(out, out + "-probe-resume", config=config, resume=checkpoint)
@@ -112,55 +109,77 @@ class Bench:
         difference = (merged(out) - self.uninterrupted(config)).abs().max().item()
         return difference <= 1e-6, difference
 
+    def break_and_resume(
+        self,
+        name: str,
+        what: str,
+        step: int,
+        outcome: Callable[[str, str, list[int]], str],
+        *,
+        resume: str | bool = True,
+        config: dict | None = None,
+        timeout: int = 300,
+        **faults,
+    ) -> Outcome:
+        """Run with `faults` (spec options of the worker), resume (`True`, or "newest" for the newest checkpoint by
+        name), compare with the uninterrupted run. `step` is where the fault struck; `outcome(output, out, steps)`
+        says what the user reads."""
+        out = self.folder(name)
+        _, output = launch(out, out + "-probe", config=config, timeout=timeout, **faults)
+        steps = checkpoints(out)
+        message = outcome(output, out, steps)
+        checkpoint = os.path.join(out, f"checkpoint-{steps[-1]}") if resume == "newest" else resume
+        equal, diff = self.resume_and_compare(out, checkpoint, config=config)
+        return Outcome(name, what, message, max(step - steps[-1], 0), equal, diff)
+
+    def break_only(self, name: str, what: str, needles: tuple[str, ...], *, prepare=None, **launch_options) -> Outcome:
+        """A fault that must be refused or stop the run: what the user reads, nothing to compare."""
+        out = self.folder(name)
+        if prepare is not None:
+            prepare(out)
+        if isinstance(launch_options.get("resume"), str):  # a checkpoint named relative to the run's folder
+            launch_options["resume"] = os.path.join(out, launch_options["resume"])
+        ok, output = launch(out, out + "-probe", **launch_options)
+        return Outcome(name, what, "COMPLETED" if ok else first_line(output, *needles), None, None, None)
+
+
+def says(*needles: str) -> Callable[[str, str, list[int]], str]:
+    return lambda output, out, steps: first_line(output, *needles)
+
 
 def scenario_kill_all(bench: Bench) -> Outcome:
-    out = bench.folder("kill_all")
-    _, output = launch(out, out + "-probe", fail=["all", 12, 9])
-    last = checkpoints(out)[-1]
-    equal, diff = bench.resume_and_compare(out, True)
-    return Outcome("kill_all", "kill -9 of every worker at step 12", f"exit; checkpoint-{last} intact", 12 - last,
-                   equal, diff, 0.0)  # fmt: skip
+    return bench.break_and_resume("kill_all", "kill -9 of every worker at step 12", 12,
+                                  lambda output, out, steps: f"exit; checkpoint-{steps[-1]} intact",
+                                  fail=["all", 12, 9])  # fmt: skip
 
 
 def scenario_kill_one(bench: Bench) -> Outcome:
-    out = bench.folder("kill_one")
     # probes=False: the test probes' own per-step gathers would meet the lost worker before the library does.
-    _, output = launch(out, out + "-probe", fail=[1, 12, 9], probes=False)
-    message = first_line(output, "WorkerTimeoutError", "did not arrive")
-    last = checkpoints(out)[-1]
-    equal, diff = bench.resume_and_compare(out, True)
-    return Outcome("kill_one", "kill -9 of rank 1 at step 12", message, 12 - last, equal, diff, 0.0)
+    return bench.break_and_resume("kill_one", "kill -9 of rank 1 at step 12", 12,
+                                  says("WorkerTimeoutError", "did not arrive"), fail=[1, 12, 9], probes=False)  # fmt: skip
 
 
 def scenario_kill_in_save(bench: Bench) -> Outcome:
-    out = bench.folder("kill_in_save")
-    launch(out, out + "-probe", kill_in_save=20)
-    last = checkpoints(out)[-1]
-    equal, diff = bench.resume_and_compare(out, True)
-    leftovers = [n for n in os.listdir(out) if n.startswith(".tmp-")]
-    return Outcome("kill_in_save", "rank 0 killed while writing checkpoint-20",
-                   f"checkpoint-{last} intact, staging {'left' if leftovers else 'none'}", 20 - last, equal, diff, 0.0)  # fmt: skip
+    def outcome(output, out, steps):
+        left = any(n.startswith(".tmp-") for n in os.listdir(out))
+        return f"checkpoint-{steps[-1]} intact, staging {'left' if left else 'none'}"
+
+    return bench.break_and_resume("kill_in_save", "rank 0 killed while writing checkpoint-20", 20, outcome,
+                                  kill_in_save=20)  # fmt: skip
 
 
 def scenario_kill_in_merged_save(bench: Bench) -> Outcome:
-    out = bench.folder("kill_in_merged_save")
-    launch(out, out + "-probe", kill_in_merged_save=True)
-    last = checkpoints(out)[-1]
-    equal, diff = bench.resume_and_compare(out, True)
-    trained_again = checkpoints(out)[-1] != last
-    return Outcome("kill_in_merged_save", "rank 0 killed inside the final merged/ save",
-                   f"resume from checkpoint-{last} only finishes" + (" (TRAINED AGAIN)" if trained_again else ""),
-                   0, equal, diff, 0.0)  # fmt: skip
+    result = bench.break_and_resume("kill_in_merged_save", "rank 0 killed inside the final merged/ save", 30,
+                                    lambda output, out, steps: f"resume from checkpoint-{steps[-1]} only finishes",
+                                    kill_in_merged_save=True)  # fmt: skip
+    if checkpoints(os.path.join(bench.root, "kill_in_merged_save"))[-1] != 30:
+        result.outcome += " (TRAINED AGAIN)"
+    return result
 
 
-def _sigterm(bench: Bench, name: str, what: str, sigterm: list, config: dict | None = None, **extra) -> Outcome:
-    out = bench.folder(name)
-    _, output = launch(out, out + "-probe", config=config, sigterm=sigterm, **extra)
-    message = first_line(output, "training was preempted")
-    last = checkpoints(out)[-1]
-    signal_step = sigterm[1] + 1
-    equal, diff = bench.resume_and_compare(out, os.path.join(out, f"checkpoint-{last}"), config=config)
-    return Outcome(name, what, message, max(signal_step - last, 0), equal, diff, 0.0)
+def _sigterm(bench: Bench, name: str, what: str, sigterm: list, **options) -> Outcome:
+    return bench.break_and_resume(name, what, sigterm[1] + 1, says("training was preempted"), resume="newest",
+                                  sigterm=sigterm, **options)  # fmt: skip
 
 
 def scenario_sigterm_round_end(bench: Bench) -> Outcome:
@@ -177,65 +196,54 @@ def scenario_sigterm_cut(bench: Bench) -> Outcome:
                     config=config, probes=False, preemption_poll=0)  # fmt: skip
 
 
-def scenario_changed_settings(bench: Bench) -> Outcome:
-    out = bench.folder("changed_settings")
-    launch(out, out + "-probe", fail=["all", 12, 9])
-    ok, output = launch(out, out + "-probe-resume", config={"inner_steps": 4, "save_steps": 8}, resume=True)
-    message = first_line(output, "inner_steps was")
-    return Outcome("changed_settings", "resume with inner_steps 5 → 4",
-                   ("RESUMED" if ok else "refused: ") + ("" if ok else message), None, None, None, 0.0)  # fmt: skip
-
-
 def scenario_truncated_checkpoint(bench: Bench) -> Outcome:
-    out = bench.folder("truncated_checkpoint")
-    launch(out, out + "-probe", fail=["all", 22, 9])
-    newest = os.path.join(out, f"checkpoint-{checkpoints(out)[-1]}", "model.safetensors")
-    with open(newest, "r+b") as f:
-        f.truncate(os.path.getsize(newest) // 2)
-    previous = checkpoints(out)[-2]
-    equal, diff = bench.resume_and_compare(out, True)
-    return Outcome("truncated_checkpoint", "newest model.safetensors truncated, resume=True",
-                   f"checkpoint-20 skipped (named), resumed from checkpoint-{previous}", 22 - previous, equal, diff,
-                   0.0)  # fmt: skip
+    intact = []
+
+    def truncate_newest(output, out, steps):
+        newest = os.path.join(out, f"checkpoint-{steps[-1]}", "model.safetensors")
+        with open(newest, "r+b") as f:
+            f.truncate(os.path.getsize(newest) // 2)
+        intact.append(steps[-2])
+        return f"checkpoint-{steps[-1]} skipped (named), resumed from checkpoint-{steps[-2]}"
+
+    result = bench.break_and_resume("truncated_checkpoint", "newest model.safetensors truncated, resume=True", 22,
+                                    truncate_newest, fail=["all", 22, 9])  # fmt: skip
+    result.work_lost_steps = 22 - intact[0]  # the resume falls back past the damaged newest checkpoint
+    return result
+
+
+def _stopped_at_12(out: str) -> None:
+    launch(out, out + "-probe-first", fail=["all", 12, 9])
+
+
+def scenario_changed_settings(bench: Bench) -> Outcome:
+    return bench.break_only("changed_settings", "resume with inner_steps 5 → 4", ("inner_steps was",),
+                            prepare=_stopped_at_12, config={"inner_steps": 4, "save_steps": 8}, resume=True)  # fmt: skip
 
 
 def scenario_deleted_rank_state(bench: Bench) -> Outcome:
-    out = bench.folder("deleted_rank_state")
-    launch(out, out + "-probe", fail=["all", 12, 9])
-    os.remove(os.path.join(out, "checkpoint-10", "adloco", "rank-1.pt"))
-    ok, output = launch(out, out + "-probe-resume", resume=os.path.join(out, "checkpoint-10"))
-    message = first_line(output, "rank-1.pt")
-    return Outcome("deleted_rank_state", "checkpoint-10/adloco/rank-1.pt deleted", ("RESUMED" if ok else message),
-                   None, None, None, 0.0)  # fmt: skip
+    def prepare(out):
+        _stopped_at_12(out)
+        os.remove(os.path.join(out, "checkpoint-10", "adloco", "rank-1.pt"))
+
+    return bench.break_only("deleted_rank_state", "checkpoint-10/adloco/rank-1.pt deleted", ("rank-1.pt",),
+                            prepare=prepare, resume="checkpoint-10")  # fmt: skip
 
 
 def scenario_hang_in_save(bench: Bench) -> Outcome:
-    out = bench.folder("hang_in_save")
-    _, output = launch(out, out + "-probe", hang_in_save=[1, 20], timeout=240)
-    message = first_line(output, "WorkerTimeoutError", "did not arrive")
-    last = checkpoints(out)[-1]
-    equal, diff = bench.resume_and_compare(out, True)
-    return Outcome("hang_in_save", "rank 1 hangs inside the checkpoint-20 save", message, 20 - last, equal, diff, 0.0)
+    return bench.break_and_resume("hang_in_save", "rank 1 hangs inside the checkpoint-20 save", 20,
+                                  says("WorkerTimeoutError", "did not arrive"), hang_in_save=[1, 20], timeout=240)  # fmt: skip
 
 
 def scenario_disk_full(bench: Bench) -> Outcome:
-    out = bench.folder("disk_full")
-    _, output = launch(out, out + "-probe", disk_full=[1, 20, "torch.save"])
-    message = first_line(output, "No space", "disk", "free")
-    last = checkpoints(out)[-1]
-    equal, diff = bench.resume_and_compare(out, True)
-    return Outcome(
-        "disk_full", "rank 1's disk is full at the checkpoint-20 save", message, 20 - last, equal, diff, 0.0
-    )
+    return bench.break_and_resume("disk_full", "rank 1's disk is full at the checkpoint-20 save", 20,
+                                  says("No space", "disk", "free"), disk_full=[1, 20, "torch.save"])  # fmt: skip
 
 
 def scenario_nan_worker(bench: Bench) -> Outcome:
-    out = bench.folder("nan_worker")
     config = {"merge_every": 3, "max_steps": 40}  # more than max_skipped_rounds (3) rounds after the merge
-    ok, output = launch(out, out + "-probe", nan=[1, 0, "onwards"], probes=False, config=config)
-    message = first_line(output, "SkippedRoundsError:")
-    return Outcome("nan_worker", "rank 1 NaN for the whole run", ("COMPLETED" if ok else message), None, None, None,
-                   0.0)  # fmt: skip
+    return bench.break_only("nan_worker", "rank 1 NaN for the whole run", ("SkippedRoundsError:",),
+                            config=config, nan=[1, 0, "onwards"], probes=False)  # fmt: skip
 
 
 SCENARIOS: dict[str, Callable[[Bench], Outcome]] = {
@@ -282,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             outcome = SCENARIOS[name](bench)
         except Exception as error:  # a scenario that breaks is a finding, not the end of the benchmark
-            outcome = Outcome(name, name, f"BENCHMARK ERROR: {str(error).splitlines()[0][:100]}", None, False, None, 0)
+            outcome = Outcome(name, name, f"BENCHMARK ERROR: {str(error).splitlines()[0][:100]}", None, False, None)
         outcome.seconds = round(time.time() - started, 1)
         outcomes.append(outcome)
         print(f"    {outcome.outcome} ({outcome.seconds:.0f} s)", flush=True)

@@ -43,10 +43,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from recipes.benchmarks._common import median_spread, table, write_json  # noqa: E402
-
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from recipes.benchmarks._common import REPO, median_spread, table, write_json  # noqa: E402
 
 
 VARIANTS = ("trainer", "adloco", "adloco_stats")
