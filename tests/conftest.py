@@ -28,10 +28,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def records(caplog):
-    """Records of adloco_hf's loggers, which hang under the (non-propagating) `transformers` logger (pytest >= 8
-    attaches caplog's handler to such loggers itself; otherwise it is added here)."""
+def records(caplog, monkeypatch):
+    """Records of adloco_hf's loggers, each once. They hang under the `transformers` logger, which does not propagate
+    to the root logger unless the environment has `CI=true` (transformers' own rule): the test makes it
+    non-propagating and gives it caplog's handler, so a record reaches the handler by one path whatever `CI` says
+    (pytest >= 8 also attaches the handler to non-propagating loggers itself)."""
     library = logging.getLogger("transformers")
+    monkeypatch.setattr(library, "propagate", False)
     added = caplog.handler not in library.handlers
     if added:
         library.addHandler(caplog.handler)

@@ -23,17 +23,12 @@ def config(tmp_path, **kwargs):
 
 
 @pytest.fixture
-def records(caplog):
-    """What reaches the handlers of the `transformers` logger: where the Trainer's own lines print."""
-    library = logging.getLogger("transformers")
-    added = caplog.handler not in library.handlers  # pytest >= 8 attaches it to non-propagating loggers itself
-    if added:
-        library.addHandler(caplog.handler)
+def records(records):
+    """What reaches the handlers of the `transformers` logger (where the Trainer's own lines print); the test's
+    changes of verbosity are undone."""
     verbosity = hf_logging.get_verbosity()
-    yield caplog
+    yield records
     hf_logging.set_verbosity(verbosity)
-    if added:
-        library.removeHandler(caplog.handler)
 
 
 def round_lines(caplog):
