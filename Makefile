@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow test-all quality style demo clean
+.PHONY: install test test-slow test-all quality style demo clean gpu-check
 
 install: $(VENV)/.installed
 
@@ -23,6 +23,10 @@ test: install
 
 test-slow: install
 	$(BIN)/python -m pytest -m "slow" $(PYTEST_ARGS)
+
+# Everything that needs CUDA (tests, fp16 runs, auto max batch, throughput): < 10 min on one H100, one table.
+gpu-check: install
+	$(BIN)/python -m recipes.benchmarks.gpu_check
 
 test-all: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

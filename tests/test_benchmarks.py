@@ -178,7 +178,11 @@ def test_compare_without_references_leaves_ratios_empty():
 def test_method_specs_share_everything_but_their_own_settings(tmp_path):
     args = convergence.parse_args(["--quick", "--learning_rate", "0.002", "--set", "adloco.eta=0.5"])
     settings = convergence.shared_settings(args)
-    specs = {name: convergence.method_spec(name, settings, str(tmp_path)) for name in convergence.METHODS}
+    specs = {
+        name: convergence.method_spec(name, settings, str(tmp_path), matched_batch_size=6)
+        for name in convergence.METHODS
+        if name != "diloco_matched"
+    }
     for spec in specs.values():
         assert spec["train"] == specs["ddp"]["train"]
         assert spec["train"]["learning_rate"] == 0.002
@@ -241,6 +245,107 @@ def test_plot_writes_a_png(tmp_path):
     }
     path = convergence.plot({"methods": methods, "settings": settings}, str(tmp_path / "c.png"))
     assert os.path.getsize(path) > 1000
+
+
+def _seed_run(curve, **extra):
+    """A per-seed result as the worker writes it: curve [[tokens, ppl]] and one eval point per curve point."""
+    evals = [
+        {
+            "tokens": t,
+            "eval_ppl": p,
+            "seconds": t / 100,
+            "inner_steps": t // 10,
+            "rounds": t // 100,
+            "comm_bytes": 2 * t,
+        }
+        for t, p in curve
+    ]
+    run = _method(curve[-1][0], [[0, 1000.0], *curve], 2 * curve[-1][0])
+    run.update(evals=evals, steps=curve[-1][0] // 10, epochs=0.5, max_worker_epochs=0.6, rounds=curve[-1][0] // 100)
+    run.update(extra)
+    return run
+
+
+def test_seeds_are_averaged_and_ratios_paired_by_seed():
+    ddp = convergence.aggregate(
+        {1: _seed_run([[500, 100.0], [1000, 50.0]]), 2: _seed_run([[500, 120.0], [1000, 60.0]])}
+    )
+    diloco = convergence.aggregate(
+        {1: _seed_run([[500, 110.0], [1000, 55.0]]), 2: _seed_run([[500, 130.0], [1000, 66.0]])}
+    )
+    assert ddp["final_eval_ppl"] == pytest.approx(55.0) and ddp["final_eval_ppl_seeds"] == [50.0, 60.0]
+    assert ddp["final_eval_ppl_sd"] == pytest.approx(math.sqrt(50.0))
+    # The mean curve averages log-perplexity: the geometric mean of the seeds.
+    assert convergence.interpolate_curve(ddp["curve"], 1000) == pytest.approx(math.sqrt(50.0 * 60.0))
+    methods = {"ddp": ddp, "diloco": diloco}
+    convergence.compare(methods)
+    # Paired by seed: 1.1 and 1.1 -> a clear loss with no spread between seeds, although the unpaired spread of
+    # the perplexities (5 and 7) is larger than the difference of the means (5.5).
+    assert diloco["ppl_vs_ddp_seeds"] == [pytest.approx(1.1), pytest.approx(1.1)]
+    assert diloco["ppl_vs_ddp_verdict"] == "worse"
+    assert convergence.verdict([1.02, 0.97, 1.03]) == "tie"
+    assert convergence.verdict([0.9, 0.92, 0.91]) == "better"
+    assert convergence.verdict([0.9]) == "1 seed"
+    report = convergence.format_report({"methods": methods, **convergence.compare(methods)})
+    assert "worse" in report and "±" in report
+
+
+def test_a_seed_that_failed_is_left_out_and_named():
+    method = convergence.aggregate({1: _seed_run([[1000, 50.0]]), 2: {"error": "exit 1"}})
+    assert method["seeds"] == [1] and method["failed_seeds"] == [2] and method["final_eval_ppl"] == 50.0
+    assert convergence.aggregate({1: {"error": "exit 124"}})["error"] == "exit 124"
+
+
+def test_to_target_interpolates_the_first_crossing_in_log_perplexity():
+    points = [
+        {"eval_ppl": 1000.0, "tokens": 0, "inner_steps": 0, "rounds": 0, "comm_bytes": 0, "seconds": 0.0},
+        {"eval_ppl": 200.0, "tokens": 100, "inner_steps": 10, "rounds": 1, "comm_bytes": 40, "seconds": 5.0},
+        {"eval_ppl": 50.0, "tokens": 300, "inner_steps": 30, "rounds": 3, "comm_bytes": 120, "seconds": 9.0},
+        {"eval_ppl": 80.0, "tokens": 400, "inner_steps": 40, "rounds": 4, "comm_bytes": 160, "seconds": 11.0},
+    ]
+    # 100 lies halfway between 200 and 50 in log-perplexity.
+    reached = convergence.reach(points, 100.0)
+    assert reached == {
+        "tokens": pytest.approx(200), "inner_steps": pytest.approx(20), "rounds": pytest.approx(2),
+        "bytes": pytest.approx(80), "seconds": pytest.approx(7.0),
+    }  # fmt: skip
+    assert convergence.reach(points, 1000.0)["tokens"] == 0
+    assert convergence.reach(points, 40.0) is None
+    # Targets: reached by every run, the hardest at the worst run's best perplexity, rounded up.
+    other = [dict(p, eval_ppl=p["eval_ppl"] * 1.5) for p in points]  # best 75
+    assert convergence.choose_targets([points, other]) == [98.0, 83.0, 75.0]
+    assert convergence.nice_ceiling(187.3) == 190 and convergence.nice_ceiling(9.71) == pytest.approx(9.8)
+
+
+def test_to_target_over_seeds_and_the_matched_batch(tmp_path):
+    methods = {
+        "ddp": convergence.aggregate({1: _seed_run([[500, 100.0], [1000, 50.0]])}),
+        "adloco": convergence.aggregate({1: _seed_run([[500, 80.0], [1000, 60.0]])}),
+    }
+    targets = convergence.to_target(methods, {1: 1000.0})
+    assert targets[-1] == 60.0  # adloco's best is the worst best
+    assert all(methods[m]["to_target"][f"{t:g}"]["tokens"] is not None for m in methods for t in targets)
+    assert methods["adloco"]["to_target"]["60"]["tokens"] == pytest.approx(1000)
+    settings = convergence.shared_settings(convergence.parse_args(["--quick"]))
+    per_round = settings["world_size"] * settings["train"]["inner_steps"] * settings["block_size"]
+    batch = convergence.matched_batch_size({"tokens": 60 * 6.4 * per_round, "rounds": 60}, settings)
+    assert batch == 6
+    spec = convergence.method_spec("diloco_matched", settings, str(tmp_path), seed=43, matched_batch_size=batch)
+    assert spec["train"]["batch_size"] == 6 and spec["adloco"]["num_instances"] == 1 and spec["seed"] == 43
+    assert spec["output_dir"].endswith(os.path.join("diloco_matched", "seed-43"))
+    with pytest.raises(ValueError, match="adloco"):
+        convergence.method_spec("diloco_matched", settings, str(tmp_path))
+    with pytest.raises(SystemExit):
+        convergence.parse_args(["--methods", "ddp", "diloco_matched"])
+    assert convergence.run_order(["diloco_matched", "ddp", "adloco"]) == ["ddp", "adloco", "diloco_matched"]
+
+
+def test_a_budget_over_one_epoch_is_refused_unless_repeats_are_allowed():
+    settings = convergence.shared_settings(convergence.parse_args(["--quick", "--budget_tokens", "2000"]))
+    with pytest.raises(SystemExit, match="allow_repeats"):
+        convergence.check_epochs(settings, 1000, allow_repeats=False)
+    convergence.check_epochs(settings, 1000, allow_repeats=True)
+    convergence.check_epochs(settings, 2000, allow_repeats=False)
 
 
 # ---- overhead.py ----
@@ -493,6 +598,8 @@ def test_convergence_script_end_to_end(tmp_path):
         "-m",
         "recipes.benchmarks.convergence",
         "--quick",
+        "--seeds",
+        "1",
         "--methods",
         "ddp",
         "adloco",
@@ -513,6 +620,8 @@ def test_convergence_script_end_to_end(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     results = json.loads((out / "results.json").read_text())
     assert set(results["methods"]) == {"ddp", "adloco"}
+    assert results["seeds"] == [42]
+    results["initial_eval_ppl"] = results["initial_eval_ppl"]["42"]
     for name, method in results["methods"].items():
         assert "error" not in method, (name, method)
         for key in ("final_eval_ppl", "tokens", "comm_rounds", "comm_bytes", "wall_seconds", "curve"):
@@ -521,8 +630,10 @@ def test_convergence_script_end_to_end(tmp_path):
         assert 1 < method["final_eval_ppl"] < results["initial_eval_ppl"]
         assert method["curve"][0] == [0, results["initial_eval_ppl"]]
         assert all(len(point) == 2 for point in method["curve"])
+        assert method["epochs"] <= 1 and method["to_target"], (name, method)
     ddp, adloco = results["methods"]["ddp"], results["methods"]["adloco"]
     assert ddp["comm_rounds"] == ddp["steps"] == 40960 // (4 * 4 * 128)
+    adloco = adloco["seed_results"]["42"]
     assert adloco["comm_bytes"] < ddp["comm_bytes"]
     # The 4 instances merged down to one; the last curve point is the merged model.
     assert adloco["instances"][-1][1] == 1
@@ -588,3 +699,48 @@ def test_the_fault_benchmark_knows_its_scenarios_and_refuses_unknown_ones(capsys
     with pytest.raises(SystemExit):
         faults.main(["--scenarios", "kill_all,no_such_fault"])
     assert "unknown scenario(s) ['no_such_fault']" in capsys.readouterr().err
+
+
+# ---- gpu_check.py ----
+def test_gpu_check_table_from_the_steps_outcomes(tmp_path):
+    from recipes.benchmarks import gpu_check
+
+    assert gpu_check.pytest_counts("== 3 passed, 1 failed, 2 skipped, 1 error in 9.1s ==") == {
+        "passed": 3, "failed": 1, "skipped": 2, "error": 1,
+    }  # fmt: skip
+    commands = gpu_check.step_commands(str(tmp_path))
+    assert list(commands) == list(gpu_check.STEPS)
+    assert "backend=nccl" in commands["1 worker, nccl, fp16, auto"]
+    for folder, tokens_per_second in (("gloo4", 3000.0), ("nccl1", 1000.0)):
+        path = tmp_path / folder / "diloco" / "seed-42" / "result.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(
+            json.dumps(
+                {
+                    "tokens_per_second": tokens_per_second,
+                    "final_eval_ppl": 90.0,
+                    "peak_memory_bytes": 2**30,
+                    "max_batch_size": 48,
+                }
+            )  # fmt: skip
+        )
+    outcomes = {
+        "cuda tests": {"code": 1, "output": "1 passed, 1 failed in 3s"},
+        "4 workers, gloo, fp16": {"code": 0, "output": ""},
+        "1 worker, nccl, fp16, auto": {"code": 0, "output": ""},
+        "overhead": {"code": 1, "output": ""},
+    }
+    rows = {row["step"]: row for row in gpu_check.summarise(outcomes, str(tmp_path))}
+    assert rows["cuda tests"]["ok"] == "FAILED"
+    assert rows["4 workers, gloo, fp16"]["ok"] == "ok" and "3,000 tokens/s" in rows["4 workers, gloo, fp16"]["result"]
+    assert "auto -> 48" in rows["1 worker, nccl, fp16, auto"]["result"]
+    assert rows["4 workers / 1 worker"]["result"] == "tokens/s x 3.00"
+    assert rows["overhead"]["ok"] == "FAILED"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message given without a GPU")
+def test_gpu_check_says_so_and_runs_nothing_without_cuda(tmp_path, capsys):
+    from recipes.benchmarks import gpu_check
+
+    assert gpu_check.main(["--output_dir", str(tmp_path / "g")]) == 2
+    assert "no CUDA device" in capsys.readouterr().out and not (tmp_path / "g").exists()

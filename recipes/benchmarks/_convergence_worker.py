@@ -38,9 +38,11 @@ class BenchmarkMixin:
     All ranks evaluate at the same moments, so the per-rank lists line up and are summed at the end.
     """
 
-    def bench_setup(self, *, tokens_so_far, bytes_so_far) -> None:
+    def bench_setup(self, *, tokens_so_far, bytes_so_far, rounds_so_far) -> None:
         self.bench_tokens_so_far = tokens_so_far
         self.bench_bytes_so_far = bytes_so_far
+        self.bench_rounds_so_far = rounds_so_far
+        self.bench_start_time: float | None = None  # set when training starts
         self.bench_eval_seconds = 0.0
         self.bench_eval_bytes = 0
         self.bench_start_bytes: int | None = None
@@ -53,6 +55,8 @@ class BenchmarkMixin:
             measured = sent_before - self.bench_start_bytes - self.bench_eval_bytes
         tokens, modelled = self.bench_tokens_so_far(), self.bench_bytes_so_far()
         start = time.perf_counter()
+        # Training seconds so far: since training started, earlier evaluations excluded.
+        seconds = None if self.bench_start_time is None else start - self.bench_start_time - self.bench_eval_seconds
         try:
             metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         finally:
@@ -71,6 +75,9 @@ class BenchmarkMixin:
                 "prefix": metric_key_prefix,
                 "global_step": self.state.global_step,
                 "tokens": tokens,
+                "seconds": seconds,
+                "inner_steps": self.state.global_step,
+                "rounds": self.bench_rounds_so_far(),
                 "comm_bytes": modelled,
                 "measured_bytes_local": measured,
                 "eval_loss": loss,
@@ -95,6 +102,7 @@ class DDPTrainer(BenchmarkMixin, Trainer):
             rank=self.args.process_index,
             seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
         )
+        self.train_sampler = sampler
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=self.data_collator, num_workers=0)
 
 
@@ -137,7 +145,9 @@ def common_arguments(spec: dict) -> dict:
         "seed": spec["seed"],
         "data_seed": spec["seed"],
         "use_cpu": on_cpu,
-        "ddp_backend": "gloo",
+        # gloo by default: several workers may share one GPU, which NCCL refuses (`make gpu-check` runs one worker
+        # with `--set backend=nccl`).
+        "ddp_backend": spec.get("backend", "gloo"),
         "fp16": bool(spec["fp16"]),
         "eval_strategy": "steps",
         "prediction_loss_only": True,  # the Trainer would otherwise gather every eval logit across workers
@@ -189,7 +199,16 @@ def load_data(spec: dict):
     texts = load_text_corpus(data["corpus"])
     tokenizer = load_or_train_tokenizer(None, texts, vocab_size=data["vocab_size"], cache_dir=spec["cache_dir"])
     lm = build_lm_datasets(texts, tokenizer, block_size=spec["block_size"], cache_dir=spec["cache_dir"])
+    eval_blocks = data.get("eval_blocks")
+    if eval_blocks is not None and len(lm["eval"]) > eval_blocks:
+        # The first blocks of the held-out files: evaluating every few rounds stays cheap, and the same for all.
+        lm["eval"] = lm["eval"].select(range(eval_blocks))
     return tokenizer, lm
+
+
+def shard_epochs(sampler) -> float:
+    """How many passes over its own shard this worker's sampler has drawn (1.0 = every sample once)."""
+    return sampler.epoch + sampler.position / sampler.shard_size
 
 
 def make_model(spec: dict, tokenizer):
@@ -263,19 +282,23 @@ def main() -> None:
         trainer.bench_setup(
             tokens_so_far=lambda: trainer.state.global_step * tokens_per_step,
             bytes_so_far=lambda: trainer.state.global_step * ddp_step_bytes,
+            rounds_so_far=lambda: trainer.state.global_step,  # one all-reduce per step
         )
     else:
         trainer.bench_setup(
             tokens_so_far=lambda: trainer.adloco_state.tokens,
             bytes_so_far=lambda: trainer.adloco_state.comm_bytes,
+            rounds_so_far=lambda: trainer.adloco_state.rounds,
         )
         trainer.add_callback(TokenBudgetStop(trainer, spec["budget_tokens"]))
 
     dist.barrier()
     trainer.bench_start_bytes = socket_bytes_sent()
-    start = time.perf_counter()
+    start = trainer.bench_start_time = time.perf_counter()
+    started_at = time.time()  # wall clock: links.py cuts its interface counters to the training window
     trainer.train()
     wall = time.perf_counter() - start
+    ended_at = time.time()
     sent_end = socket_bytes_sent()
     if kind == "ddp" and (
         not trainer.bench_points or trainer.bench_points[-1]["global_step"] != trainer.state.global_step
@@ -290,10 +313,13 @@ def main() -> None:
         "rank": args.process_index,
         "pid": os.getpid(),
         "wall": wall,
+        "started_at": started_at,
+        "ended_at": ended_at,
         "eval_seconds": trainer.bench_eval_seconds,
         "measured": measured,
         "eval_bytes": trainer.bench_eval_bytes,
         "points": [p["measured_bytes_local"] for p in trainer.bench_points],
+        "shard_epochs": shard_epochs(trainer.train_sampler),
     }
     everyone: list[dict] = [None] * world
     dist.all_gather_object(everyone, mine)
@@ -362,7 +388,18 @@ def write_result(spec, args, trainer, everyone, *, tokens_per_step: int, ddp_ste
         "round_log": rounds,
         "evals": points,
         "world_size": world,
+        "train_tokens_available": len(trainer.train_dataset) * spec["block_size"],
+        # Tokens trained over the tokens of the train split, and the most passes any worker made over its shard
+        # (workers of instances with larger batches draw faster): above 1, some samples were seen twice.
+        "epochs": tokens / (len(trainer.train_dataset) * spec["block_size"]),
+        "max_worker_epochs": max(r["shard_epochs"] for r in everyone),
+        "eval_blocks": len(trainer.eval_dataset),
+        "max_batch_size": getattr(getattr(trainer, "worker", None), "max_batch_size", None),
+        "peak_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
         "torch_threads": torch.get_num_threads(),
+        # time.time() when the first worker started training and the last one stopped (evaluations included)
+        "train_started_at": min(r["started_at"] for r in everyone),
+        "train_ended_at": max(r["ended_at"] for r in everyone),
     }
     write_json(os.path.join(args.output_dir, "result.json"), result)
     print(

@@ -43,6 +43,7 @@ import copy
 import json
 import math
 import os
+import statistics
 import time
 
 from adloco_hf.testing import launch_command, run_workers
@@ -58,6 +59,13 @@ METHODS: dict[str, dict] = {
     "ddp": {"kind": "ddp"},
     "diloco": {"kind": "adloco", "adloco": {"num_instances": 1, "batch_size_test": "none"}},
     "adloco": {"kind": "adloco", "adloco": dict(ADLOCO)},
+    # DiLoCo whose fixed per-worker batch gives AdLoCo's mean tokens per round (same H, same seed): it takes as many
+    # rounds as AdLoCo for the same tokens, so what remains between the two is the adaptive batch and the instances.
+    "diloco_matched": {
+        "kind": "adloco",
+        "adloco": {"num_instances": 1, "batch_size_test": "none"},
+        "matched_to": "adloco",
+    },
     "adloco_no_adaptive": {"kind": "adloco", "adloco": {**ADLOCO, "batch_size_test": "none"}},
     "adloco_no_merge": {"kind": "adloco", "adloco": {**ADLOCO, "merge_every": 0}},
     # "Never accumulate": γ so large that no request reaches γ × max_batch_size; requests above max_batch_size
@@ -79,10 +87,12 @@ CPU_BASE = {
     "preset": "tiny",
     "fp16": False,
     "world_size": 4,
+    "backend": "gloo",  # the workers' process group (NCCL refuses several workers on one GPU)
     "threads_per_worker": 1,
     "block_size": 128,
     "seed": 42,
-    "data": {"corpus": "builtin:python-docs", "vocab_size": 4096},
+    # eval_blocks: the first blocks of the held-out files (about 65 K tokens), evaluated every few rounds.
+    "data": {"corpus": "builtin:python-docs", "vocab_size": 4096, "eval_blocks": 512},
     "train": {
         "batch_size": 4,
         "eval_batch_size": 64,
@@ -192,25 +202,43 @@ def shared_settings(args: argparse.Namespace) -> dict:
     return settings
 
 
-def method_spec(name: str, settings: dict, output_dir: str) -> dict:
+def method_spec(
+    name: str, settings: dict, output_dir: str, *, seed: int | None = None, matched_batch_size: int | None = None
+) -> dict:
+    """One launch's spec: the shared settings, the method's own, the seed (model weights and data order) and its
+    folder `{output_dir}/{name}/seed-{seed}`. `diloco_matched` needs `matched_batch_size` ([`matched_batch_size`])."""
     method = METHODS[name]
     spec = copy.deepcopy(settings)
-    spec.update(method=name, kind=method["kind"], output_dir=os.path.join(output_dir, name))
+    seed = settings["seed"] if seed is None else seed
+    spec.update(method=name, kind=method["kind"], seed=seed, output_dir=os.path.join(output_dir, name, f"seed-{seed}"))
     spec["adloco"] = {**settings["adloco"], **method.get("adloco", {})}
+    if "matched_to" in method:
+        if matched_batch_size is None:
+            raise ValueError(f"{name} takes its batch from {method['matched_to']}'s run of the same seed: run both")
+        spec["train"]["batch_size"] = matched_batch_size
     return spec
 
 
+def matched_batch_size(reference: dict, spec: dict) -> int:
+    """The fixed per-worker batch whose rounds carry `reference`'s mean tokens per round (same H, workers, blocks)."""
+    tokens_per_round = reference["tokens"] / reference["rounds"]
+    per_worker_step = spec["world_size"] * spec["train"]["inner_steps"] * spec["block_size"]
+    return max(1, round(tokens_per_round / per_worker_step))
+
+
 # ---- before the launches: data built once, initial perplexity ----
-def prepare(settings: dict) -> float | None:
-    """Build the tokenizer and packed data into the cache (the workers then only load them) and return the
-    initial model's eval perplexity (the curves' first point: every method starts from these weights)."""
+def prepare(settings: dict, seed: int) -> tuple[float, int]:
+    """Build the tokenizer and packed data into the cache (the workers then only load them); return the initial
+    model's eval perplexity for `seed`'s weights (the curves' first point: every method starts from them) and the
+    tokens of the train split."""
     import torch
     from transformers import default_data_collator
 
     from recipes.benchmarks._convergence_worker import load_data, make_model
 
     tokenizer, lm = load_data(settings)
-    model = make_model(settings, tokenizer).to(settings["device"]).eval()
+    train_tokens = len(lm["train"]) * settings["block_size"]
+    model = make_model({**settings, "seed": seed}, tokenizer).to(settings["device"]).eval()
     total, count = 0.0, 0
     eval_set = lm["eval"]
     batch = settings["train"]["eval_batch_size"]
@@ -227,7 +255,7 @@ def prepare(settings: dict) -> float | None:
     del model
     if settings["device"] == "cuda":
         torch.cuda.empty_cache()  # the workers need the memory; this process keeps only its CUDA context
-    return math.exp(total / count)
+    return math.exp(total / count), train_tokens
 
 
 # ---- one method ----
@@ -249,9 +277,9 @@ def launch(spec: dict, log_path: str) -> tuple[int, float]:
     return result.returncode, result.seconds
 
 
-def run_method(name: str, settings: dict, output_dir: str, reuse: bool) -> dict:
-    spec = method_spec(name, settings, output_dir)
+def run_method(name: str, spec: dict, reuse: bool) -> dict:
     folder = spec["output_dir"]
+    name = f"{name} seed {spec['seed']}"
     result_path = os.path.join(folder, "result.json")
     spec_path = os.path.join(folder, "spec.json")
     if reuse and os.path.exists(result_path) and os.path.exists(spec_path):
@@ -290,19 +318,179 @@ def run_method(name: str, settings: dict, output_dir: str, reuse: bool) -> dict:
     return result
 
 
+# ---- several seeds of one method ----
+TOTALS = ("tokens", "epochs", "steps", "comm_rounds", "comm_bytes", "measured_bytes_sent", "wall_seconds")
+
+
+def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (None with fewer than 2 values) of the finite values."""
+    values = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
+    """The seeds' curves `[[x, ppl], ...]` averaged in log-perplexity at every x of any of them, over the x range
+    that all of them cover (a seed that stops earlier ends the mean curve there)."""
+    if len(curves) == 1:
+        return [list(p) for p in curves[0]]
+    end = min(max(x for x, _ in c) for c in curves)
+    grid = sorted({float(x) for c in curves for x, _ in c if x <= end})
+    out = []
+    for x in grid:
+        values = [interpolate_curve(c, x) for c in curves]
+        if all(v is not None for v in values):
+            out.append([x, math.exp(statistics.fmean(math.log(v) for v in values))])
+    return out
+
+
+def aggregate(per_seed: dict[int, dict]) -> dict:
+    """One method over its seeds: the means (`final_eval_ppl`, `tokens`, `epochs`, `inner_steps`, `comm_rounds`,
+    `comm_bytes`, `wall_seconds`, ...), the per-seed values (`*_seeds`), the mean curves and every seed's result
+    under `seed_results`. A method whose every seed failed keeps the first error."""
+    done = {seed: r for seed, r in per_seed.items() if "error" not in r}
+    if not done:
+        return {"error": next(iter(per_seed.values()))["error"], "seed_results": per_seed}
+    out: dict = {"seeds": sorted(done), "failed_seeds": sorted(set(per_seed) - set(done))}
+    finals = [r["final_eval_ppl"] for r in done.values()]
+    out["final_eval_ppl"], out["final_eval_ppl_sd"] = mean_sd(finals)
+    out["final_eval_ppl_seeds"] = finals
+    for key in TOTALS:
+        values = [r.get(key) for r in done.values()]
+        out[key] = mean_sd(values)[0]
+        out[f"{key}_seeds"] = values
+    out["inner_steps"] = out["steps"]
+    out["max_worker_epochs"] = max((r.get("max_worker_epochs") or 0.0) for r in done.values())
+    for key in ("curve", "curve_bytes", "curve_best_instance"):
+        if all(key in r for r in done.values()):
+            out[key] = mean_curve([r[key] for r in done.values()])
+    first = next(iter(done.values()))
+    out["batch_sizes"] = first.get("batch_sizes")
+    out["rounds"] = mean_sd([r.get("rounds") for r in done.values()])[0]
+    out["seed_results"] = per_seed
+    return out
+
+
+# ---- to-target ----
+TARGET_FIELDS = {"tokens": "tokens", "inner_steps": "inner_steps", "rounds": "rounds", "bytes": "comm_bytes",
+                 "seconds": "seconds"}  # fmt: skip
+
+
+def reach(points: list[dict], target: float) -> dict | None:
+    """Tokens, inner steps, rounds, bytes and training seconds at which a run's eval curve first reaches perplexity
+    `target`, interpolated between the two evaluations around the crossing (linearly in log-perplexity); None when
+    it never does. `points` are the run's evaluations in order, starting with the initial model (all zeros)."""
+    for i, point in enumerate(points):
+        if point["eval_ppl"] is None or point["eval_ppl"] > target:
+            continue
+        if i == 0:
+            return {name: 0.0 for name in TARGET_FIELDS}
+        before = points[i - 1]
+        span = math.log(before["eval_ppl"]) - math.log(point["eval_ppl"])
+        t = 1.0 if span <= 0 else (math.log(before["eval_ppl"]) - math.log(target)) / span
+        out = {}
+        for name, key in TARGET_FIELDS.items():
+            a, b = before.get(key), point.get(key)
+            out[name] = None if a is None or b is None else a + t * (b - a)
+        return out
+    return None
+
+
+def nice_ceiling(x: float) -> float:
+    """`x` rounded up to two significant digits (187.3 -> 190, 1234 -> 1300, 9.71 -> 9.8)."""
+    if x <= 0:
+        return x
+    step = 10 ** (math.floor(math.log10(x)) - 1)
+    return math.ceil(round(x / step, 9)) * step
+
+
+def choose_targets(runs: list[list[dict]], factors=(1.3, 1.1, 1.0)) -> list[float]:
+    """Two or three target perplexities that every run reaches: the worst (highest) best perplexity of any run,
+    and 1.1x and 1.3x above it, each rounded up to two significant digits; highest first."""
+    worst_best = max(min(p["eval_ppl"] for p in points) for points in runs)
+    return sorted({nice_ceiling(worst_best * f) for f in factors}, reverse=True)
+
+
+def eval_points(result: dict, initial_ppl: float | None) -> list[dict]:
+    """A run's evaluations in order, from the initial model's (0 tokens, seconds, steps, rounds, bytes)."""
+    start = [] if initial_ppl is None else [{"eval_ppl": initial_ppl, **{k: 0 for k in TARGET_FIELDS.values()}}]
+    return start + list(result.get("evals", []))
+
+
+def to_target(methods: dict[str, dict], initial_ppl: dict[int, float]) -> list[float]:
+    """Choose the targets over every seed of every method and add `to_target` to each method in place:
+    `{"<ppl>": {"tokens", "inner_steps", "rounds", "bytes", "seconds"}}` (means over seeds, and `<field>_seeds`)."""
+    runs = {
+        (name, seed): eval_points(r, initial_ppl.get(seed))
+        for name, m in methods.items()
+        if "error" not in m
+        for seed, r in m["seed_results"].items()
+        if "error" not in r
+    }
+    if not runs:
+        return []
+    targets = choose_targets(list(runs.values()))
+    for name, m in methods.items():
+        if "error" in m:
+            continue
+        m["to_target"] = {}
+        for target in targets:
+            reached = [reach(runs[(name, seed)], target) for seed in m["seeds"]]
+            entry = {}
+            for field in TARGET_FIELDS:
+                values = [r[field] if r else None for r in reached]
+                entry[field] = mean_sd(values)[0]
+                entry[f"{field}_seeds"] = values
+            m["to_target"][f"{target:g}"] = entry
+    return targets
+
+
 # ---- the comparison ----
+def seed_curves(m: dict) -> dict:
+    """`{seed: curve}` of a method (a method without per-seed results counts as one seed)."""
+    runs = m.get("seed_results")
+    if not runs:
+        return {None: m["curve"]}
+    return {seed: r["curve"] for seed, r in runs.items() if "error" not in r}
+
+
+def verdict(ratios: list[float]) -> str:
+    """`better` / `worse` when the mean of the paired ratios differs from 1 by more than their spread (sample
+    standard deviation over seeds), else `tie`; with one seed there is no spread to judge by."""
+    mean, sd = mean_sd(ratios)
+    if mean is None:
+        return "-"
+    if sd is None:
+        return "1 seed"
+    if abs(mean - 1.0) <= sd:
+        return "tie"
+    return "better" if mean < 1.0 else "worse"
+
+
 def compare(methods: dict[str, dict]) -> dict:
-    """Perplexity at equal tokens and the ratios against ddp and diloco; adds keys to each method in place."""
+    """Perplexity at equal tokens (the smallest final token count of any seed of any method) and the ratios
+    against ddp and diloco, paired by seed (same initial weights and data order); adds keys to each method."""
     done = {name: m for name, m in methods.items() if "error" not in m}
     if not done:
         return {}
-    equal_tokens = min(m["tokens"] for m in done.values())
-    for m in done.values():
-        m["ppl_at_equal_tokens"] = interpolate_curve(m["curve"], equal_tokens)
-    for m in done.values():
+    curves = {name: seed_curves(m) for name, m in done.items()}
+    equal_tokens = min(max(x for x, _ in c) for by_seed in curves.values() for c in by_seed.values())
+    at_equal = {
+        name: {s: interpolate_curve(c, equal_tokens) for s, c in by_seed.items()} for name, by_seed in curves.items()
+    }
+    for name, m in done.items():
+        m["ppl_at_equal_tokens_seeds"] = list(at_equal[name].values())
+        m["ppl_at_equal_tokens"], m["ppl_at_equal_tokens_sd"] = mean_sd(m["ppl_at_equal_tokens_seeds"])
+    for name, m in done.items():
         for ref in ("ddp", "diloco"):
-            other = done.get(ref)
-            m[f"ppl_vs_{ref}"] = ratio(m["ppl_at_equal_tokens"], other and other["ppl_at_equal_tokens"])
+            other = None if ref == name else done.get(ref)
+            paired = []
+            if other is not None:
+                paired = [ratio(at_equal[name][s], at_equal[ref][s]) for s in at_equal[name] if s in at_equal[ref]]
+            m[f"ppl_vs_{ref}_seeds"] = paired
+            m[f"ppl_vs_{ref}"], m[f"ppl_vs_{ref}_sd"] = mean_sd(paired) if paired else (None, None)
+            m[f"ppl_vs_{ref}_verdict"] = verdict(paired) if paired else "-"
             m[f"bytes_vs_{ref}"] = ratio(m["comm_bytes"], other and other["comm_bytes"])
             m[f"measured_bytes_vs_{ref}"] = ratio(m["measured_bytes_sent"], other and other["measured_bytes_sent"])
             m[f"wall_vs_{ref}"] = ratio(m["wall_seconds"], other and other["wall_seconds"])
@@ -330,20 +518,27 @@ def check_targets(done: dict[str, dict]) -> dict[str, dict]:
 
 COLUMNS = [
     "method",
+    "seeds",
     "tokens",
+    "epochs",
     "ppl@equal",
-    "final ppl",
     "ppl/ddp",
     "ppl/diloco",
+    "final ppl",
     "comm rounds",
     "bytes (model)",
-    "bytes/ddp",
     "bytes/diloco",
     "bytes (measured)",
     "wall s",
     "wall/ddp",
     "final batch",
 ]
+
+
+def plus_minus(mean: float | None, sd: float | None, digits: int = 1) -> str | None:
+    if mean is None:
+        return None
+    return f"{mean:.{digits}f}" if sd is None else f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
 
 def table_rows(methods: dict[str, dict]) -> list[dict]:
@@ -355,14 +550,17 @@ def table_rows(methods: dict[str, dict]) -> list[dict]:
         rows.append(
             {
                 "method": name,
-                "tokens": f"{m['tokens']:,}",
-                "ppl@equal": m.get("ppl_at_equal_tokens"),
-                "final ppl": m["final_eval_ppl"],
-                "ppl/ddp": m.get("ppl_vs_ddp"),
-                "ppl/diloco": m.get("ppl_vs_diloco"),
+                "seeds": len(m.get("seeds", [None])),
+                "tokens": f"{m['tokens']:,.0f}",
+                "epochs": None
+                if m.get("epochs") is None
+                else f"{m['epochs']:.2f} ({m.get('max_worker_epochs', 0):.2f})",
+                "ppl@equal": plus_minus(m.get("ppl_at_equal_tokens"), m.get("ppl_at_equal_tokens_sd")),
+                "ppl/ddp": _ratio_cell(m, "ddp"),
+                "ppl/diloco": _ratio_cell(m, "diloco"),
+                "final ppl": plus_minus(m["final_eval_ppl"], m.get("final_eval_ppl_sd")),
                 "comm rounds": m["comm_rounds"],
                 "bytes (model)": human_bytes(m["comm_bytes"]),
-                "bytes/ddp": m.get("bytes_vs_ddp"),
                 "bytes/diloco": m.get("bytes_vs_diloco"),
                 "bytes (measured)": human_bytes(m.get("measured_bytes_sent")),
                 "wall s": m["wall_seconds"],
@@ -373,17 +571,56 @@ def table_rows(methods: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def _ratio_cell(m: dict, ref: str) -> str | None:
+    cell = plus_minus(m.get(f"ppl_vs_{ref}"), m.get(f"ppl_vs_{ref}_sd"), digits=3)
+    if cell is None:
+        return None
+    return f"{cell} ({m[f'ppl_vs_{ref}_verdict']})" if m.get(f"ppl_vs_{ref}_verdict") not in (None, "-") else cell
+
+
+def to_target_table(methods: dict[str, dict], targets: list[float]) -> str:
+    """Per method and target: mean tokens, inner steps, rounds, bytes (modelled) and training seconds to reach it."""
+    columns = ["method", "target ppl", "tokens", "inner steps", "rounds", "bytes (model)", "seconds"]
+    rows = []
+    for target in targets:
+        for name, m in methods.items():
+            entry = m.get("to_target", {}).get(f"{target:g}")
+            if entry is None:
+                continue
+            missing = sum(v is None for v in entry["tokens_seeds"])
+            rows.append(
+                {
+                    "method": name,
+                    "target ppl": f"{target:g}",
+                    "tokens": None
+                    if entry["tokens"] is None
+                    else f"{entry['tokens']:,.0f}" + (f" ({missing} seed(s) never)" if missing else ""),
+                    "inner steps": entry["inner_steps"],
+                    "rounds": entry["rounds"],
+                    "bytes (model)": human_bytes(entry["bytes"]),
+                    "seconds": entry["seconds"],
+                }
+            )
+    return table(rows, columns)
+
+
 def format_report(results: dict) -> str:
     lines = [table(table_rows(results["methods"]), COLUMNS)]
     equal = results.get("equal_tokens")
     if equal is not None:
         lines.append(
-            f"\nppl@equal: eval perplexity interpolated at {equal:,} tokens (the smallest final token count)."
+            f"\nppl@equal: eval perplexity interpolated at {equal:,} tokens (the smallest final token count of any "
+            "seed), mean ± sample standard deviation over seeds. ppl/ddp, ppl/diloco: ratios paired by seed, mean ± "
+            "sd; a mean within one sd of 1 is a tie. epochs: tokens / train-split tokens (most passes of any worker "
+            "over its own shard)."
         )
     for name, target in results.get("targets", {}).items():
         value = "-" if target["value"] is None else f"{target['value']:.3f}"
-        verdict = {True: "holds", False: "MISSED", None: "n/a"}[target["holds"]]
-        lines.append(f"target {name} <= {target['bound']}: {value} ({verdict})")
+        verdict_text = {True: "holds", False: "MISSED", None: "n/a"}[target["holds"]]
+        lines.append(f"target {name} <= {target['bound']}: {value} ({verdict_text})")
+    if results.get("ppl_targets"):
+        lines.append("\nTo target (means over seeds; seconds: training time on this machine, evaluations excluded):\n")
+        lines.append(to_target_table(results["methods"], results["ppl_targets"]))
     return "\n".join(lines)
 
 
@@ -399,22 +636,31 @@ def plot(results: dict, path: str) -> str:
             continue
         style = {"linestyle": "--"} if name.startswith("adloco_") else {"linewidth": 2.2}
         tokens, ppl = zip(*m["curve"])
-        by_tokens.plot(tokens, ppl, marker="o", markersize=3, label=name, **style)
+        (line,) = by_tokens.plot(tokens, ppl, marker="o", markersize=3, label=name, **style)
+        seeds = [c for c in seed_curves(m).values()]
+        if len(seeds) > 1:  # the band: lowest and highest seed at each of the mean curve's points
+            band = [[interpolate_curve(c, x) for c in seeds] for x in tokens]
+            low = [min(v for v in b if v is not None) for b in band]
+            high = [max(v for v in b if v is not None) for b in band]
+            by_tokens.fill_between(tokens, low, high, color=line.get_color(), alpha=0.15)
         comm, ppl_b = zip(*m["curve_bytes"])
         by_bytes.plot(comm, ppl_b, marker="o", markersize=3, label=name, **style)
-    by_tokens.set_xlabel("training tokens (all workers)")
+    for target in results.get("ppl_targets", []):
+        by_tokens.axhline(target, color="grey", linewidth=0.8, linestyle=":")
+    by_tokens.set_xlabel("training tokens (all workers); band: lowest to highest seed")
     by_bytes.set_xlabel("bytes communicated (ring all-reduce model; log axis, linear below 1 MB so 0 shows)")
     # Logarithmic above 1 MB; the linear stretch below keeps the points of rounds that sent nothing (0 bytes).
     by_bytes.set_xscale("symlog", linthresh=1e6)
     for ax in (by_tokens, by_bytes):
-        ax.set_ylabel("eval perplexity")
+        ax.set_ylabel("eval perplexity (mean over seeds, geometric)")
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     settings = results["settings"]
+    seeds = results.get("seeds", [settings["seed"]])
     fig.suptitle(
         f"{settings['preset']} on {settings['data']['corpus']}, {settings['world_size']} workers ({settings['device']}), "
-        f"budget {settings['budget_tokens']:,} tokens, H={settings['train']['inner_steps']}"
+        f"budget {settings['budget_tokens']:,} tokens, H={settings['train']['inner_steps']}, seeds {seeds}"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -451,10 +697,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Override any shared setting, e.g. --set adloco.outer_momentum=0 --set train.adam_beta2=0.95.",
     )
     parser.add_argument("--reuse", action="store_true", help="Keep a method's result when its spec is unchanged.")
+    parser.add_argument(
+        "--seeds", type=int, default=3, help="Seeds per method (model weights and data order): seed, seed + 1, ..."
+    )
+    parser.add_argument(
+        "--allow_repeats",
+        action="store_true",
+        help="Allow a budget above one epoch of the train split (samples are then seen more than once).",
+    )
     args = parser.parse_args(argv)
     if args.fp16 and args.device != "cuda":
         parser.error("--fp16 needs --device cuda")
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
+    for name in args.methods:
+        reference = METHODS[name].get("matched_to")
+        if reference is not None and reference not in args.methods:
+            parser.error(f"--methods {name} takes its batch from {reference}'s run: add {reference} to --methods")
     return args
+
+
+def run_order(names: list[str]) -> list[str]:
+    """The methods in the order asked, each matched method after the one it is matched to."""
+    plain = [n for n in names if "matched_to" not in METHODS[n]]
+    return plain + [n for n in names if "matched_to" in METHODS[n]]
+
+
+def check_epochs(settings: dict, train_tokens: int, allow_repeats: bool) -> None:
+    """Refuse a budget above one epoch of the train split unless repeats are asked for."""
+    epochs = settings["budget_tokens"] / train_tokens
+    if epochs > 1 and not allow_repeats:
+        raise SystemExit(
+            f"--budget_tokens {settings['budget_tokens']:,} is {epochs:.2f} epochs of {settings['data']['corpus']}'s "
+            f"train split ({train_tokens:,} tokens): samples would be seen more than once. Lower the budget, use a "
+            "larger corpus (--set data.corpus=...), or pass --allow_repeats."
+        )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -469,20 +746,45 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit("--device cuda: no CUDA device is visible")
     output_dir = os.path.abspath(args.output_dir)
     os.makedirs(output_dir, exist_ok=True)
-    print("preparing data and the initial perplexity ...", flush=True)
-    initial_ppl = prepare(settings)
-    methods = {}
-    for name in args.methods:
-        methods[name] = run_method(name, settings, output_dir, args.reuse)
-        if "curve" in methods[name]:
-            for key in ("curve", "curve_bytes", "curve_best_instance"):
-                methods[name][key].insert(0, [0, initial_ppl])
+    seeds = [settings["seed"] + i for i in range(args.seeds)]
+    names = run_order(args.methods)
+    print("preparing data and the initial perplexities ...", flush=True)
+    initial_ppl = {}
+    for seed in seeds:
+        initial_ppl[seed], train_tokens = prepare(settings, seed)
+    check_epochs(settings, train_tokens, args.allow_repeats)
+    per_seed: dict[str, dict[int, dict]] = {name: {} for name in names}
+    runs, done = len(seeds) * len(names), 0
+    for seed in seeds:
+        for name in names:
+            done += 1
+            print(
+                f"--- run {done}/{runs}: {name}, seed {seed} ({time.perf_counter() - start:.0f}s so far)", flush=True
+            )
+            matched = None
+            reference = METHODS[name].get("matched_to")
+            if reference is not None:
+                if "error" in per_seed[reference][seed]:
+                    per_seed[name][seed] = {"error": f"{reference} failed for seed {seed}"}
+                    continue
+                matched = matched_batch_size(per_seed[reference][seed], settings)
+            spec = method_spec(name, settings, output_dir, seed=seed, matched_batch_size=matched)
+            result = run_method(name, spec, args.reuse)
+            if "curve" in result:
+                for key in ("curve", "curve_bytes", "curve_best_instance"):
+                    result[key].insert(0, [0, initial_ppl[seed]])
+                result["matched_batch_size"] = matched
+            per_seed[name][seed] = result
+    methods = {name: aggregate(per_seed[name]) for name in args.methods}
     results = {
         "methods": methods,
         "settings": settings,
+        "seeds": seeds,
         "initial_eval_ppl": initial_ppl,
+        "train_tokens_available": train_tokens,
         "profile": "quick" if args.quick else "full",
     }
+    results["ppl_targets"] = to_target(methods, initial_ppl)
     results.update(compare(methods))
     results["total_seconds"] = time.perf_counter() - start
     write_json(os.path.join(output_dir, "results.json"), results)
