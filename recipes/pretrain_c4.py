@@ -42,6 +42,7 @@ from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.cli import parse_args_with_yaml, setup_logging
 from adloco_hf.data import (
     BUILTIN_CORPUS,
+    BUILTIN_SOURCE_CORPUS,
     build_lm_datasets,
     lm_dataset_stats,
     load_or_train_tokenizer,
@@ -71,8 +72,9 @@ class ScriptArguments:
     dataset_name: str = field(
         default=BUILTIN_CORPUS,
         metadata={
-            "help": f"{BUILTIN_CORPUS} (offline), allenai/c4 (streamed; needs num_documents), a local .jsonl/.txt "
-            "file or folder, or a Hub dataset id."
+            "help": f"{BUILTIN_CORPUS} (offline, 0.4M tokens), {BUILTIN_SOURCE_CORPUS} (offline, 31M tokens: the "
+            "pinned packages' source), allenai/c4 (streamed; needs num_documents), a local .jsonl/.txt file or "
+            "folder, or a Hub dataset id."
         },
     )
     dataset_files: list[str] | None = field(
@@ -92,7 +94,12 @@ class ScriptArguments:
     )
     tokenizer_vocab_size: int = field(default=4096, metadata={"help": "Vocabulary size of a trained tokenizer."})
     block_size: int = field(default=128, metadata={"help": "Tokens per training sequence (documents are packed)."})
-    eval_fraction: float = field(default=0.05, metadata={"help": "Share of the documents held out for evaluation."})
+    eval_fraction: float = field(
+        default=0.05,
+        metadata={
+            "help": f"Share of the documents held out for evaluation ({BUILTIN_SOURCE_CORPUS} has its own split)."
+        },
+    )
     max_eval_documents: int | None = field(default=None, metadata={"help": "Upper bound on the eval documents."})
     cache_dir: str = field(
         default="outputs/cache", metadata={"help": "Where trained tokenizers and packed datasets are cached."}

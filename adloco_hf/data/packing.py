@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..checkpoint import replace_directory
 from ._cache import _FORMAT_VERSION, _MAP_BATCH_SIZE, _hash, _main_process_first
+from .python_source import SPLIT_COLUMN
 from .sources import _require_text_column
 from .tokenizer import _tokenizer_fingerprint
 
@@ -34,7 +35,9 @@ def build_lm_datasets(
     """Split documents into train/eval, tokenise them and pack each split into blocks of `block_size` tokens.
 
     1. Documents are split before packing (a seeded permutation picks the eval documents; both splits keep the
-       corpus order), so no eval block shares a document with a train block.
+       corpus order), so no eval block shares a document with a train block. A corpus with a `"split"` column
+       (`"train"`/`"eval"`, as `builtin:python-source` has) is split by it instead, and `eval_fraction`,
+       `max_eval_documents` and `seed` are not used.
     2. Each document is tokenised without special tokens and followed by `tokenizer.eos_token_id`, so every
        document boundary survives packing (GPT-2's convention).
     3. Each split's token stream (its documents in order) is cut into consecutive blocks of exactly `block_size`
@@ -146,10 +149,7 @@ def _tokenize_and_pack(
     num_proc: int | None,
     fingerprint: str,
 ) -> datasets.DatasetDict:
-    num_eval = max(1, round(eval_fraction * len(texts)))
-    num_eval = min(num_eval, max_eval_documents or num_eval, len(texts) - 1)
-    order = np.random.default_rng(seed).permutation(len(texts))
-    documents = {"train": np.sort(order[num_eval:]), "eval": np.sort(order[:num_eval])}
+    documents = _split_documents(texts, eval_fraction=eval_fraction, max_eval_documents=max_eval_documents, seed=seed)
 
     eos = tokenizer.eos_token_id
 
@@ -184,6 +184,32 @@ def _tokenize_and_pack(
                 + (" or a larger eval_fraction/max_eval_documents." if name == "eval" else ".")
             )
     return datasets.DatasetDict(splits)
+
+
+def _split_documents(
+    texts: datasets.Dataset, *, eval_fraction: float, max_eval_documents: int | None, seed: int
+) -> dict[str, np.ndarray]:
+    """Row indices of the train and eval documents, each in corpus order: the corpus's own split when it has a
+    `"split"` column (`builtin:python-source`), else a seeded permutation's first `eval_fraction` of the rows."""
+    if SPLIT_COLUMN in texts.column_names:
+        labels = np.asarray(texts.with_format(None)[SPLIT_COLUMN], dtype=object)
+        unknown = sorted(set(labels.tolist()) - {"train", "eval"})
+        if unknown:
+            raise ValueError(
+                f"The {SPLIT_COLUMN!r} column of texts holds {unknown}: only 'train' and 'eval' are known"
+            )
+        documents = {name: np.flatnonzero(labels == name) for name in ("train", "eval")}
+        for name, indices in documents.items():
+            if len(indices) == 0:
+                raise ValueError(
+                    f"texts has no {name} document in its {SPLIT_COLUMN!r} column ({len(texts)} documents): "
+                    "take more documents (num_documents) or drop the column to split by eval_fraction"
+                )
+        return documents
+    num_eval = max(1, round(eval_fraction * len(texts)))
+    num_eval = min(num_eval, max_eval_documents or num_eval, len(texts) - 1)
+    order = np.random.default_rng(seed).permutation(len(texts))
+    return {"train": np.sort(order[num_eval:]), "eval": np.sort(order[:num_eval])}
 
 
 def _pack(

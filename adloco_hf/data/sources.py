@@ -2,6 +2,8 @@
 
 Every source ends up as a `datasets.Dataset` with one column, `"text"`, one document per row. Streamed sources are
 materialised once in `datasets`' cache under a fingerprint of the request, so a second call reads them from disk.
+`builtin:python-source` (module `python_source`) is built there the same way and also carries its own train/eval
+split and tokenizer sample as columns.
 """
 
 import functools
@@ -18,6 +20,7 @@ from typing import Any
 import datasets
 
 from ._cache import _FORMAT_VERSION, _hash
+from .python_source import BUILTIN_SOURCE_CORPUS, load_source_corpus
 
 
 logger = logging.getLogger(__name__)
@@ -110,6 +113,7 @@ def load_text_corpus(
     | source | what is loaded |
     |---|---|
     | `"builtin:python-docs"` | [`load_builtin_corpus`] (offline), the first `num_documents` rows if given |
+    | `"builtin:python-source"` | [`load_source_corpus`] (offline), the first `num_documents` rows if given |
     | `"allenai/c4"` or `"c4"` | [`load_c4`]; `num_documents` is required |
     | a local file | `.json`/`.jsonl` with the "json" builder, `.txt` with the "text" builder (one document per line), also `.csv`, `.parquet` and compressed `.gz`/`.bz2`/`.xz`/`.zst` |
     | a local directory | `load_dataset(directory)`, the builder inferred from the files in it |
@@ -125,7 +129,8 @@ def load_text_corpus(
         text_column: the column holding the documents; renamed to `"text"`, every other column is dropped.
 
     Returns:
-        A `datasets.Dataset` with one column, `"text"`.
+        A `datasets.Dataset` with one column, `"text"`; `"builtin:python-source"` also has the columns `"split"`,
+        `"tokenizer_sample"` and `"path"`: the corpus decides its own train/eval split and tokenizer sample.
     """
     if num_documents is not None and num_documents < 1:
         raise ValueError(f"num_documents must be >= 1 or None, got {num_documents}")
@@ -133,6 +138,13 @@ def load_text_corpus(
         if data_files is not None:
             raise ValueError(f"data_files is not used with {BUILTIN_CORPUS!r}; pass source='allenai/c4' or a path")
         corpus = load_builtin_corpus()
+        return corpus if num_documents is None else corpus.select(range(min(num_documents, len(corpus))))
+    if source == BUILTIN_SOURCE_CORPUS:
+        if data_files is not None:
+            raise ValueError(
+                f"data_files is not used with {BUILTIN_SOURCE_CORPUS!r}; pass source='allenai/c4' or a path"
+            )
+        corpus = load_source_corpus()
         return corpus if num_documents is None else corpus.select(range(min(num_documents, len(corpus))))
     if source in (C4_DATASET, "c4"):
         if num_documents is None:

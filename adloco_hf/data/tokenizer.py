@@ -6,11 +6,13 @@ import os
 import tempfile
 
 import datasets
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ..checkpoint import publish_files
 from ._cache import _FORMAT_VERSION, _MAP_BATCH_SIZE, _hash, _main_process_first
+from .python_source import TOKENIZER_SAMPLE_COLUMN
 from .sources import _require_text_column
 
 
@@ -24,7 +26,8 @@ def train_tokenizer(texts: datasets.Dataset, *, vocab_size: int, save_dir: str) 
 
     GPT-2's recipe with the `tokenizers` library: ByteLevel pre-tokenizer and decoder (every byte is in the vocabulary,
     so any text round-trips and there are no unknown tokens) and one special token, `"<|endoftext|>"`, used as
-    bos/eos/unk/pad. No special token is added when encoding; [`build_lm_datasets`] appends the eos after each
+    bos/eos/unk/pad. A corpus with a boolean `"tokenizer_sample"` column (`builtin:python-source`) is learnt from the
+    rows where it is true only. No special token is added when encoding; [`build_lm_datasets`] appends the eos after each
     document. `save_dir` also receives `adloco_tokenizer.json`, a fingerprint of `texts` and `vocab_size`: when it
     matches, the saved tokenizer is loaded instead of trained again. Files are written to a temporary directory and
     moved into `save_dir` one by one with `os.replace`, the fingerprint last, so a reader never sees a half-written
@@ -97,6 +100,9 @@ def _train_byte_level_bpe(texts: datasets.Dataset, vocab_size: int) -> PreTraine
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
+    if TOKENIZER_SAMPLE_COLUMN in texts.column_names:  # the corpus names the documents to learn from
+        texts = texts.select(np.flatnonzero(np.asarray(texts.with_format(None)[TOKENIZER_SAMPLE_COLUMN], dtype=bool)))
+    texts = texts.select_columns(["text"])
     batches = (texts[i : i + _MAP_BATCH_SIZE]["text"] for i in range(0, len(texts), _MAP_BATCH_SIZE))
     tokenizer.train_from_iterator(batches, trainer=trainer, length=len(texts))
     return PreTrainedTokenizerFast(
