@@ -81,8 +81,16 @@ def launch_command(
     main_process_port: int | None = None,
     mixed_precision: str = "no",
     python: str | None = None,
+    num_machines: int = 1,
+    machine_rank: int = 0,
+    main_process_ip: str | None = None,
 ) -> list[str]:
     """The command line that starts `num_processes` workers on this machine with `accelerate launch --multi_gpu`.
+
+    With `num_machines > 1` it is the command of one machine of a multi-machine launch: run it once per machine
+    (`machine_rank` 0 to `num_machines - 1`), each starting `num_processes / num_machines` workers, all meeting at
+    `main_process_ip:main_process_port` (machine 0's address; `recipes/benchmarks/links.py` runs each machine in
+    its own network namespace).
 
     Each worker runs `target` with `args`. On a CPU-only machine the workers form a gloo group only if they build
     their `TrainingArguments` with `use_cpu=True` (see the module docstring).
@@ -91,17 +99,32 @@ def launch_command(
         target: a script path, or with `module=True` a module name (`"recipes.benchmarks._convergence_worker"`),
             run like `python -m`: it must be importable in the workers (see `run_workers`'s `cwd` and `pythonpath`).
         *args: the workers' own command-line arguments.
-        num_processes: how many workers (the world size).
+        num_processes: how many workers (the world size, over all machines).
         module: run `target` as a module (`accelerate launch --module`).
         main_process_port: the rendezvous port; a fresh [`free_port`] when None.
         mixed_precision: accelerate's `--mixed_precision` (`"no"`: the worker's TrainingArguments decide).
         python: the interpreter that runs `accelerate.commands.launch` (default: this one).
+        num_machines: machines in the launch; above 1, `main_process_ip` and an explicit `main_process_port` are
+            required (every machine must name the same port) and `num_processes` must be a multiple of it.
+        machine_rank: this machine's rank (0: the one at `main_process_ip`).
+        main_process_ip: machine 0's address (multi-machine launches only).
 
     Returns:
         The argument list for `subprocess` (no shell).
     """
     if num_processes < 1:
         raise ValueError(f"num_processes must be at least 1, got {num_processes}")
+    machines: list[str] = []
+    if num_machines > 1:
+        if main_process_ip is None or main_process_port is None:
+            raise ValueError("a multi-machine launch needs main_process_ip and main_process_port")
+        if num_processes % num_machines or not 0 <= machine_rank < num_machines:
+            raise ValueError(
+                f"num_processes={num_processes} over num_machines={num_machines} (machine_rank={machine_rank})"
+            )
+        machines = ["--machine_rank", str(machine_rank), "--main_process_ip", main_process_ip]
+    elif num_machines != 1 or machine_rank != 0 or main_process_ip is not None:
+        raise ValueError("machine_rank and main_process_ip need num_machines > 1")
     port = free_port() if main_process_port is None else main_process_port
     return [
         python or sys.executable,
@@ -111,7 +134,8 @@ def launch_command(
         "--num_processes",
         str(num_processes),
         "--num_machines",
-        "1",
+        str(num_machines),
+        *machines,
         "--mixed_precision",
         mixed_precision,
         "--dynamo_backend",

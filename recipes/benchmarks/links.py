@@ -1,0 +1,950 @@
+"""Real slow links: DDP, DiLoCo and AdLoCo with every worker on its own machine behind a rate-limited link.
+
+Each worker gets a Linux network namespace of its own (4 by default), joined to the others by a bridge that lives in
+one more namespace; each worker's link (a veth pair: `lnkK` in the worker's namespace, `lnkKb` on the bridge) is
+limited with `tc qdisc ... tbf` in both directions (egress of both ends). The addresses (`10.213.87.10 + K` by
+default) exist only inside these namespaces. Every worker is launched as its own machine:
+
+    ip netns exec adlk-wK python -m accelerate.commands.launch --multi_gpu --num_processes 4 --num_machines 4 \\
+        --machine_rank K --main_process_ip 10.213.87.10 --main_process_port P ... \\
+        --module recipes.benchmarks._convergence_worker SPEC_JSON
+
+with `GLOO_SOCKET_IFNAME=lnkK`, so torchrun's rendezvous and the whole gloo world run over the limited links (the
+command is `adloco_hf.testing.launch_command`'s). The methods, their settings and the worker are
+`convergence.py`'s (`shared_settings`, `method_spec`, `prepare`, `recipes.benchmarks._convergence_worker`; every
+convergence option such as `--budget_tokens`, `--inner_steps` or `--set` is accepted here too).
+
+Measured per bandwidth and method: the training wall time (evaluations excluded, from the worker's `result.json`),
+the bytes through each link (the interfaces' own counters, `/sys/class/net/lnkK/statistics/{tx,rx}_bytes`, read
+before and after the launch, per worker and in total; and cut to the training window from a timeline sampled every
+0.25 s on the bridge side), the modelled bytes (the ring all-reduce model of `result.json`'s `comm_bytes`), the
+tokens, the final eval perplexity, the eval curve over seconds and the seconds and tokens to reach target
+perplexities that every method reaches (interpolated). It checks the link bytes against the model (within 15 %):
+the model leaves out the initial broadcast of the fp32 weights to the M - 1 other workers (inside the training
+window), reported as a second ratio; every count includes Ethernet/IP/TCP headers and ACKs (about 4 %).
+
+    # From the repository root, as root (namespaces); without them it prints "skipped: <why>" and exits 0.
+    python -m recipes.benchmarks.links --quick        # 100 Mbit/s, ddp/diloco/adloco, small budget (< 10 minutes)
+    python -m recipes.benchmarks.links                # 10mbit 100mbit 1gbit, same budget (~20 minutes)
+    python -m recipes.benchmarks.links --bandwidth 50mbit 1gbit --methods ddp diloco --budget_tokens 204800
+
+Outputs in `--output_dir` (default `outputs/benchmarks/links`): `results.json`
+(`{"bandwidths": {"100mbit": {"ddp": {"wall_seconds", "link_bytes", "model_bytes", "tokens", "final_eval_ppl",
+"curve": [[seconds, tokens, eval_ppl], ...], "to_target", "world_size", "bandwidth_bits_per_second", "tbf",
+"folder", "timings", ...}}}, "targets", "checks", "settings", "links", "machine"}`), `table.md` (also printed),
+`links.png` (eval perplexity against training seconds, one panel per bandwidth), and per run the folder
+`<bandwidth>/<method>/` with the spec, one launch log per machine, the worker's `result.json`, AdLoCo's run files
+(`adloco_rounds.jsonl` ...) and `links.json` (the counters and their timeline).
+
+Namespaces, links, bridge and qdiscs are removed on every exit (finally, SIGTERM, SIGINT, SIGHUP), and leftovers
+with the same names are removed before the start.
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from adloco_hf.testing import free_port, launch_command, run_workers
+from recipes.benchmarks import convergence
+from recipes.benchmarks._common import REPO, human_bytes, ratio, table, write_json
+
+
+DEFAULT_BANDWIDTHS = ("10mbit", "100mbit", "1gbit")
+DEFAULT_METHODS = ("ddp", "diloco", "adloco")
+# --quick: one bandwidth; ddp + diloco + adloco (and the namespaces) then take 3.6 minutes on 2 cores. The budget
+# (with or without --quick, unless --budget_tokens) stays within one epoch of the built-in corpus (413,056 tokens).
+QUICK_BANDWIDTHS = ("100mbit",)
+BUDGET_TOKENS = 409_600
+# The done-criterion of the issue: measured link bytes within 15 % of the modelled ones.
+TOLERANCE = 0.15
+LATENCY_MS = 50  # tbf's queue: at most this long a packet waits for tokens before it is dropped
+SAMPLE_SECONDS = 0.25  # the counters' timeline
+# After one machine's launch failed, the others get this long to notice before their processes are killed.
+FAILURE_GRACE_SECONDS = 30.0
+
+
+class NamespacesUnavailable(RuntimeError):
+    """The testbed cannot be built here (not root, no `ip`/`tc`, `ip netns add` or `tbf` refused)."""
+
+
+# ---------------------------------------------------------------- the plan (pure)
+@dataclass(frozen=True)
+class LinkPlan:
+    """Names and addresses of the testbed: worker K in namespace `{prefix}-wK` with the link `lnkK` (address
+    `{subnet}.{10 + K}/24`), its peer `lnkKb` on the bridge `br0` in namespace `{prefix}-br`."""
+
+    workers: int = 4
+    prefix: str = "adlk"
+    subnet: str = "10.213.87"
+    bridge: str = "br0"
+
+    def __post_init__(self):
+        if not 1 <= self.workers <= 200:
+            raise ValueError(f"workers must be in 1..200, got {self.workers}")
+        if not re.fullmatch(r"[a-z][a-z0-9-]{0,20}", self.prefix):
+            raise ValueError(f"prefix must be lowercase letters, digits and '-' (<= 21 chars), got {self.prefix!r}")
+        octets = self.subnet.split(".")
+        if len(octets) != 3 or not all(o.isdigit() and 0 <= int(o) <= 255 for o in octets):
+            raise ValueError(f"subnet must be the first three octets of a /24, e.g. '10.213.87', got {self.subnet!r}")
+
+    def namespace(self, k: int) -> str:
+        return f"{self.prefix}-w{k}"
+
+    @property
+    def bridge_namespace(self) -> str:
+        return f"{self.prefix}-br"
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.bridge_namespace, *(self.namespace(k) for k in range(self.workers))]
+
+    def veth(self, k: int) -> str:
+        """Worker K's end of its link, inside its namespace (what GLOO_SOCKET_IFNAME names)."""
+        return f"lnk{k}"
+
+    def peer(self, k: int) -> str:
+        """The bridge's end of worker K's link, inside the bridge namespace."""
+        return f"lnk{k}b"
+
+    def address(self, k: int) -> str:
+        return f"{self.subnet}.{10 + k}"
+
+
+def setup_commands(plan: LinkPlan) -> list[list[str]]:
+    """The `ip` commands that build the testbed (no qdiscs yet): namespaces, loopbacks, bridge, links, addresses."""
+    br = plan.bridge_namespace
+    commands = [
+        ["ip", "netns", "add", br],
+        ["ip", "-n", br, "link", "set", "lo", "up"],
+        ["ip", "-n", br, "link", "add", plan.bridge, "type", "bridge"],
+        ["ip", "-n", br, "link", "set", plan.bridge, "up"],
+    ]
+    for k in range(plan.workers):
+        ns, veth, peer = plan.namespace(k), plan.veth(k), plan.peer(k)
+        commands += [
+            ["ip", "netns", "add", ns],
+            ["ip", "-n", ns, "link", "set", "lo", "up"],
+            ["ip", "link", "add", veth, "netns", ns, "type", "veth", "peer", "name", peer, "netns", br],
+            ["ip", "-n", ns, "addr", "add", f"{plan.address(k)}/24", "dev", veth],
+            ["ip", "-n", ns, "link", "set", veth, "up"],
+            ["ip", "-n", br, "link", "set", peer, "master", plan.bridge],
+            ["ip", "-n", br, "link", "set", peer, "up"],
+        ]
+    return commands
+
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(bit|bps)?\s*$", re.IGNORECASE)
+
+
+def parse_rate(text: str) -> int:
+    """A tc rate (`10mbit`, `1gbit`, `500kbit`, `12.5mbps` = bytes/s, a bare number = bit/s) in bits per second."""
+    match = _RATE.match(str(text))
+    if not match:
+        raise ValueError(f"not a rate: {text!r} (e.g. 10mbit, 100mbit, 1gbit)")
+    number, prefix, unit = match.groups()
+    value = float(number) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[prefix.lower()]
+    if (unit or "bit").lower() == "bps":
+        value *= 8
+    if value <= 0:
+        raise ValueError(f"a rate must be positive: {text!r}")
+    return int(round(value))
+
+
+def default_burst(rate_bits: int) -> int:
+    """tbf's bucket in bytes: at least 64 KiB (what DESIGN §9 measured at 100 Mbit/s), and 4 ms of traffic at high
+    rates so the bucket refills between timer ticks."""
+    return max(64 * 1024, rate_bits // 8 // 250)
+
+
+def tbf_command(namespace: str, device: str, rate_bits: int, burst_bytes: int, latency_ms: int) -> list[str]:
+    """`tc qdisc replace ... root tbf` on one end of a link: limits that end's egress."""
+    return [
+        "ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", device, "root", "tbf",
+        "rate", f"{rate_bits}bit", "burst", str(burst_bytes), "latency", f"{latency_ms}ms",
+    ]  # fmt: skip
+
+
+def tbf_commands(plan: LinkPlan, rate_bits: int, burst_bytes: int, latency_ms: int = LATENCY_MS) -> list[list[str]]:
+    """Both directions of every link: the worker's egress (upload) and the bridge port's egress (download)."""
+    commands = []
+    for k in range(plan.workers):
+        commands.append(tbf_command(plan.namespace(k), plan.veth(k), rate_bits, burst_bytes, latency_ms))
+        commands.append(tbf_command(plan.bridge_namespace, plan.peer(k), rate_bits, burst_bytes, latency_ms))
+    return commands
+
+
+def machine_command(plan: LinkPlan, k: int, spec_path: str, port: int) -> list[str]:
+    """Machine K's launch: `accelerate launch` as machine K of `plan.workers`, one worker each, in K's namespace."""
+    return [
+        "ip", "netns", "exec", plan.namespace(k),
+        *launch_command(
+            convergence.WORKER_MODULE, spec_path, num_processes=plan.workers, module=True, num_machines=plan.workers,
+            machine_rank=k, main_process_ip=plan.address(0), main_process_port=port,
+        ),
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------- curves and targets (pure)
+def first_crossing(curve: Sequence[Sequence[float]], target: float) -> dict | None:
+    """Seconds and tokens at which a `[[seconds, tokens, ppl], ...]` curve first reaches `target` (ppl <= target),
+    interpolating log-perplexity linearly between the two evaluations around the crossing; None if never reached."""
+    points = [p for p in curve if p[2] is not None and math.isfinite(p[2]) and p[2] > 0 and p[0] is not None]
+    for i, (seconds, tokens, ppl) in enumerate(points):
+        if ppl > target:
+            continue
+        if i == 0:
+            return {"seconds": float(seconds), "tokens": float(tokens)}
+        s0, t0, p0 = points[i - 1]
+        frac = (math.log(p0) - math.log(target)) / (math.log(p0) - math.log(ppl))
+        return {"seconds": s0 + frac * (seconds - s0), "tokens": t0 + frac * (tokens - t0)}
+    return None
+
+
+def _ceil_significant(x: float, digits: int = 3) -> float:
+    scale = 10 ** (digits - 1 - math.floor(math.log10(x)))
+    return math.ceil(x * scale) / scale
+
+
+def choose_targets(curves: Sequence[Sequence[Sequence[float]]], count: int = 3) -> list[float]:
+    """`count` perplexities that every curve reaches, high to low: geometrically spaced from 1 % above the best
+    perplexity the worst curve reaches up to the highest first evaluation after the start (rounded up to 3
+    significant digits, so still reached)."""
+    curves = [[p for p in c if p[2] is not None and math.isfinite(p[2]) and p[2] > 0] for c in curves]
+    curves = [c for c in curves if c]
+    if not curves:
+        return []
+    low = max(min(p[2] for p in c) for c in curves) * 1.01
+    high = max((c[1][2] if len(c) > 1 else c[0][2]) for c in curves)
+    high = min(high, min(c[0][2] for c in curves))  # never above a curve's start
+    if high <= low:
+        return [_ceil_significant(low)]
+    targets = [_ceil_significant(low * (high / low) ** (k / count)) for k in range(count)]
+    return sorted(set(targets), reverse=True)
+
+
+def window_bytes(timeline: Sequence[Sequence], start: float, end: float) -> list[dict] | None:
+    """Per worker `{"tx", "rx"}` bytes between wall-clock times `start` and `end`, interpolated on a timeline of
+    `[time, [tx per worker], [rx per worker]]` samples; None when the window is not inside the timeline."""
+    if len(timeline) < 2 or start < timeline[0][0] or end > timeline[-1][0] or end < start:
+        return None
+
+    def at(t: float) -> tuple[list[float], list[float]]:
+        for (t0, tx0, rx0), (t1, tx1, rx1) in zip(timeline, timeline[1:]):
+            if t0 <= t <= t1:
+                f = 0.0 if t1 == t0 else (t - t0) / (t1 - t0)
+                return (
+                    [a + f * (b - a) for a, b in zip(tx0, tx1)],
+                    [a + f * (b - a) for a, b in zip(rx0, rx1)],
+                )
+        raise AssertionError("unreachable")
+
+    (tx0, rx0), (tx1, rx1) = at(start), at(end)
+    return [{"tx": int(round(b - a)), "rx": int(round(d - c))} for a, b, c, d in zip(tx0, tx1, rx0, rx1)]
+
+
+def run_record(
+    result: dict,
+    *,
+    method: str,
+    bandwidth: str,
+    rate_bits: int,
+    burst: int,
+    latency_ms: int,
+    folder: str,
+    initial_ppl: float | None,
+    before: list[dict],
+    after: list[dict],
+    training: list[dict] | None,
+    exit_codes: list[int],
+    launch_seconds: float,
+) -> dict:
+    """One run's entry of results.json, from the worker's result.json and the link counters."""
+    world = result["world_size"]
+    per_worker = [{"tx": a["tx"] - b["tx"], "rx": a["rx"] - b["rx"]} for a, b in zip(after, before)]
+    link_bytes = sum(w["tx"] for w in per_worker)  # every byte crosses its sender's link once, then the receiver's
+    link_training = None if training is None else sum(w["tx"] for w in training)
+    curve = [[p["seconds"], p["tokens"], p["eval_ppl"]] for p in result["evals"] if p.get("seconds") is not None]
+    if initial_ppl is not None:
+        curve.insert(0, [0.0, 0, initial_ppl])
+    model = result["comm_bytes"]
+    # Not in comm_bytes: at the start of training rank 0 sends its fp32 weights to every other worker (DDP's module
+    # sync, AdLoCo's initialisation), inside the training window.
+    broadcast = (world - 1) * 4 * result["parameters"] if result.get("parameters") else None
+    steps = result.get("steps") or 0
+    rounds_file = os.path.join(folder, "adloco_rounds.jsonl")
+    return {
+        "method": method,
+        "bandwidth": bandwidth,
+        "bandwidth_bits_per_second": rate_bits,
+        "tbf": {"rate_bits_per_second": rate_bits, "burst_bytes": burst, "latency_ms": latency_ms, "both_ways": True},
+        "world_size": world,
+        "folder": folder,
+        "wall_seconds": result["wall_seconds"],
+        "tokens": result["tokens"],
+        "final_eval_ppl": result["final_eval_ppl"],
+        "model_bytes": model,
+        "link_bytes": link_bytes,
+        "link_bytes_per_worker": per_worker,
+        "link_bytes_training": link_training,
+        "link_bytes_training_per_worker": training,
+        "link_vs_model": ratio(link_bytes, model),
+        "link_training_vs_model": ratio(link_training, model),
+        "broadcast_bytes_model": broadcast,
+        "link_training_vs_model_with_broadcast": ratio(
+            link_training, None if broadcast is None else model + broadcast
+        ),
+        # Serialisation time of the modelled bytes on one link (each worker sends 1/M of them): the ring model's
+        # communication time at this rate, latency and overlap aside.
+        "model_comm_seconds": model / world * 8 / rate_bits,
+        "comm_rounds": result.get("comm_rounds"),
+        "curve": curve,
+        "to_target": {},
+        "timings": {
+            "steps": steps,
+            "rounds": result.get("rounds"),
+            "seconds_per_step": result["wall_seconds"] / steps if steps else None,
+            "wall_seconds_with_eval": result.get("wall_seconds_with_eval"),
+            "eval_seconds": result.get("eval_seconds"),
+            "train_started_at": result.get("train_started_at"),
+            "train_ended_at": result.get("train_ended_at"),
+            "launch_seconds": launch_seconds,
+            # per evaluation: training seconds so far (evaluations excluded), tokens, inner steps, rounds, model bytes
+            "evals": [
+                [p.get("seconds"), p["tokens"], p.get("inner_steps"), p.get("rounds"), p.get("comm_bytes")]
+                for p in result["evals"]
+            ],
+            "rounds_file": rounds_file if os.path.exists(rounds_file) else None,
+        },
+        "exit_codes": exit_codes,
+        "budget_reached": result.get("budget_reached"),
+    }
+
+
+def add_targets(bandwidths: dict[str, dict[str, dict]], count: int = 3) -> list[float]:
+    """Choose targets every run reaches and fill each run's `to_target` (`{"<ppl>": {"seconds", "tokens"}}`)."""
+    runs = [run for methods in bandwidths.values() for run in methods.values() if "curve" in run]
+    targets = choose_targets([run["curve"] for run in runs], count)
+    for run in runs:
+        run["to_target"] = {f"{t:g}": first_crossing(run["curve"], t) for t in targets}
+    return targets
+
+
+def check_links(bandwidths: dict[str, dict[str, dict]], tolerance: float = TOLERANCE) -> list[dict]:
+    """Per run: are the link bytes within `tolerance` of the modelled bytes (training window and whole launch)?"""
+    checks = []
+    for bandwidth, methods in bandwidths.items():
+        for method, run in methods.items():
+            if "error" in run:
+                continue
+            check = {"bandwidth": bandwidth, "method": method, "tolerance": tolerance}
+            for key, holds in (
+                ("link_training_vs_model", "link_training_holds"),
+                ("link_vs_model", "link_holds"),
+                ("link_training_vs_model_with_broadcast", "link_training_with_broadcast_holds"),
+            ):
+                value = run.get(key)
+                check[key] = value
+                check[holds] = None if value is None else abs(value - 1) <= tolerance
+            checks.append(check)
+    return checks
+
+
+COLUMNS = [
+    "bandwidth",
+    "method",
+    "tokens",
+    "wall s",
+    "wall/ddp",
+    "comm s (model)",
+    "final ppl",
+    "model bytes",
+    "link bytes (train)",
+    "train/model",
+    "train/(model+bcast)",
+    "link bytes (launch)",
+    "launch/model",
+]
+
+
+def format_report(results: dict) -> str:
+    rows = []
+    for bandwidth, methods in results["bandwidths"].items():
+        ddp = methods.get("ddp", {})
+        for method, run in methods.items():
+            if "error" in run:
+                rows.append({"bandwidth": bandwidth, "method": method, "tokens": run["error"]})
+                continue
+            rows.append(
+                {
+                    "bandwidth": bandwidth,
+                    "method": method,
+                    "tokens": f"{run['tokens']:,}",
+                    "wall s": run["wall_seconds"],
+                    "wall/ddp": ratio(run["wall_seconds"], ddp.get("wall_seconds")),
+                    "comm s (model)": run["model_comm_seconds"],
+                    "final ppl": run["final_eval_ppl"],
+                    "model bytes": human_bytes(run["model_bytes"]),
+                    "link bytes (train)": human_bytes(run["link_bytes_training"]),
+                    "train/model": run["link_training_vs_model"],
+                    "train/(model+bcast)": run.get("link_training_vs_model_with_broadcast"),
+                    "link bytes (launch)": human_bytes(run["link_bytes"]),
+                    "launch/model": run["link_vs_model"],
+                }
+            )
+    lines = [table(rows, COLUMNS)]
+    targets = results.get("targets") or []
+    if targets:
+        columns = [
+            "bandwidth",
+            "method",
+            *(f"s to ppl {t:g}" for t in targets),
+            *(f"tokens to {t:g}" for t in targets),
+        ]
+        rows = []
+        for bandwidth, methods in results["bandwidths"].items():
+            for method, run in methods.items():
+                if "error" in run:
+                    continue
+                row = {"bandwidth": bandwidth, "method": method}
+                for t in targets:
+                    hit = run["to_target"].get(f"{t:g}")
+                    row[f"s to ppl {t:g}"] = None if hit is None else hit["seconds"]
+                    row[f"tokens to {t:g}"] = None if hit is None else f"{hit['tokens']:,.0f}"
+                rows.append(row)
+        lines += ["", table(rows, columns)]
+    lines += [
+        "",
+        "wall s: training seconds (evaluations excluded; the slowest worker). comm s (model): the modelled bytes one "
+        "link carries (1/M of the ring all-reduce total) at the link's rate. model bytes: the ring all-reduce model "
+        "2 (M - 1) x payload, summed over the run. link bytes: the bytes every worker's link sent (sum over the "
+        "workers of lnkK's tx_bytes; each also received about as much): (train) between the first worker's start of "
+        "training and the last one's end, evaluations included, interpolated on a 0.25 s timeline; (launch) the "
+        "whole launch, with torchrun's rendezvous, gloo's connection set-up, the initial weight broadcast, the "
+        "evaluations and the result gathering. Both count Ethernet/IP/TCP headers and ACKs (MTU 1500). "
+        "model+bcast: the model plus the initial weight broadcast inside the training window ((M - 1) x fp32 "
+        "weights: DDP's module sync, AdLoCo's initialisation), which comm_bytes leaves out. to-target: "
+        "interpolated on the eval curves (log-perplexity linear between evaluations).",
+    ]
+    verdict = {True: "holds", False: "MISSED", None: "n/a"}
+    for check in results.get("checks", []):
+        train, launch = check["link_training_vs_model"], check["link_vs_model"]
+        with_broadcast = check.get("link_training_vs_model_with_broadcast")
+        lines.append(
+            f"check {check['bandwidth']} {check['method']}: link bytes within {check['tolerance']:.0%} of the model: "
+            f"training window {_fmt(train)} ({verdict[check['link_training_holds']]}), whole launch {_fmt(launch)} "
+            f"({verdict[check['link_holds']]}); training window against the model plus the initial weight "
+            f"broadcast {_fmt(with_broadcast)} ({verdict[check.get('link_training_with_broadcast_holds')]})"
+        )
+    for bandwidth, methods in results["bandwidths"].items():
+        ddp, diloco = methods.get("ddp"), methods.get("diloco")
+        if ddp and diloco and "error" not in ddp and "error" not in diloco:
+            lines.append(
+                f"{bandwidth}: ddp {ddp['wall_seconds']:.1f} s for {ddp['tokens']:,} tokens vs diloco "
+                f"{diloco['wall_seconds']:.1f} s for {diloco['tokens']:,} tokens: ddp/diloco wall "
+                f"{ddp['wall_seconds'] / diloco['wall_seconds']:.2f}x; link/model (training window) ddp "
+                f"{_fmt(ddp['link_training_vs_model'])}, diloco {_fmt(diloco['link_training_vs_model'])}"
+            )
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def plot(results: dict, path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bandwidths = list(results["bandwidths"])
+    fig, axes = plt.subplots(1, len(bandwidths), figsize=(max(8.0, 5.5 * len(bandwidths)), 4.8), squeeze=False)
+    for ax, bandwidth in zip(axes[0], bandwidths):
+        for method, run in results["bandwidths"][bandwidth].items():
+            if "curve" not in run:
+                continue
+            seconds, _, ppl = zip(*run["curve"])
+            ax.plot(seconds, ppl, marker="o", markersize=3, label=method)
+        for t in results.get("targets") or []:
+            ax.axhline(t, color="grey", linewidth=0.6, linestyle=":")
+        ax.set_title(f"{bandwidth} per link, both ways")
+        ax.set_xlabel("training seconds (evaluations excluded)")
+        ax.set_ylabel("eval perplexity")
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    settings = results["settings"]
+    fig.suptitle(
+        f"{settings['preset']}, {settings['world_size']} workers in {settings['world_size']} network namespaces, "
+        f"budget {settings['budget_tokens']:,} tokens, H={settings['train']['inner_steps']}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------- the testbed (root only)
+def _run(command: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(command), capture_output=True, text=True, timeout=60, check=check)
+
+
+def existing_namespaces() -> set[str]:
+    try:
+        out = _run(["ip", "netns", "list"]).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def _namespace_pids(namespace: str) -> list[int]:
+    try:
+        out = _run(["ip", "netns", "pids", namespace], check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def kill_namespace_processes(namespace: str, grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL, to the processes running in one of the testbed's namespaces (our launches)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        pids = _namespace_pids(namespace)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _namespace_pids(namespace):
+            time.sleep(0.1)
+
+
+def teardown(plan: LinkPlan) -> list[str]:
+    """Remove the plan's namespaces (and with them the links, the bridge and the qdiscs); returns those removed."""
+    present = existing_namespaces()
+    removed = []
+    for namespace in plan.namespaces:
+        if namespace not in present:
+            continue
+        kill_namespace_processes(namespace)
+        _run(["ip", "netns", "delete", namespace], check=False)
+        removed.append(namespace)
+    return removed
+
+
+def unavailable_reason() -> str | None:
+    """Why the testbed cannot be built here, or None."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "network namespaces need root (run as root, e.g. sudo)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` (iproute2) is not installed"
+    return None
+
+
+class Testbed:
+    """The namespaces, links, bridge and qdiscs of a `LinkPlan`, removed on every exit of the `with` block (and on
+    SIGTERM/SIGHUP, turned into SystemExit; SIGINT is KeyboardInterrupt). Leftovers with the same names are removed
+    first. Raises `NamespacesUnavailable` where they cannot be built."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, plan: LinkPlan):
+        self.plan = plan
+        self.rate: tuple[int, int, int] | None = None
+        self._handlers: dict = {}
+
+    def __enter__(self) -> "Testbed":
+        reason = unavailable_reason()
+        if reason:
+            raise NamespacesUnavailable(reason)
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._handlers[sig] = signal.signal(sig, self._on_signal)
+        try:
+            leftovers = teardown(self.plan)
+            if leftovers:
+                print(f"removed leftover namespaces: {' '.join(leftovers)}", flush=True)
+            for command in setup_commands(self.plan):
+                done = _run(command, check=False)
+                if done.returncode != 0:
+                    raise NamespacesUnavailable(f"`{' '.join(command)}` failed: {done.stderr.strip()}")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            teardown(self.plan)
+        finally:
+            for sig, handler in self._handlers.items():
+                signal.signal(sig, handler)
+            self._handlers.clear()
+
+    @staticmethod
+    def _on_signal(signum, frame):
+        raise SystemExit(128 + signum)
+
+    def limit(self, rate_bits: int, burst: int, latency_ms: int = LATENCY_MS) -> None:
+        """Rate-limit every link, both ways (replaces the previous limit)."""
+        for command in tbf_commands(self.plan, rate_bits, burst, latency_ms):
+            done = _run(command, check=False)
+            if done.returncode != 0:
+                raise NamespacesUnavailable(f"`{' '.join(command)}` failed: {done.stderr.strip()}")
+        self.rate = (rate_bits, burst, latency_ms)
+
+    def counters(self) -> list[dict]:
+        """Per worker: the `tx_bytes` and `rx_bytes` of its end of the link (in its namespace)."""
+        out = []
+        for k in range(self.plan.workers):
+            stats = f"/sys/class/net/{self.plan.veth(k)}/statistics"
+            text = _run(
+                ["ip", "netns", "exec", self.plan.namespace(k), "cat", f"{stats}/tx_bytes", f"{stats}/rx_bytes"]
+            )
+            tx, rx = (int(v) for v in text.stdout.split())
+            out.append({"tx": tx, "rx": rx})
+        return out
+
+    def bridge_counters(self) -> tuple[list[int], list[int]]:
+        """Worker-side (tx, rx) of every link, read in one call on the bridge's ends (their rx is the worker's tx)."""
+        files = []
+        for k in range(self.plan.workers):
+            stats = f"/sys/class/net/{self.plan.peer(k)}/statistics"
+            files += [f"{stats}/rx_bytes", f"{stats}/tx_bytes"]
+        values = [
+            int(v) for v in _run(["ip", "netns", "exec", self.plan.bridge_namespace, "cat", *files]).stdout.split()
+        ]
+        return values[0::2], values[1::2]
+
+
+class Sampler(threading.Thread):
+    """Samples the links' counters every `interval` seconds: `[[time.time(), [tx per worker], [rx per worker]]]`."""
+
+    def __init__(self, testbed: Testbed, interval: float = SAMPLE_SECONDS):
+        super().__init__(daemon=True)
+        self.testbed, self.interval = testbed, interval
+        self.timeline: list[list] = []
+        self.stopped = threading.Event()
+
+    def sample(self) -> None:
+        try:
+            tx, rx = self.testbed.bridge_counters()
+        except (OSError, subprocess.SubprocessError, ValueError):
+            return
+        self.timeline.append([time.time(), tx, rx])
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            self.sample()
+            self.stopped.wait(self.interval)
+
+    def stop(self) -> list[list]:
+        self.stopped.set()
+        self.join()
+        self.sample()
+        return self.timeline
+
+
+# ---------------------------------------------------------------- one run
+def launch_machines(testbed: Testbed, spec: dict, spec_path: str, timeout: float) -> tuple[list[int], float]:
+    """Launch machine K in namespace K for every K and wait for all; returns their exit codes and the seconds."""
+    plan = testbed.plan
+    port = free_port()
+    codes: list[int | None] = [None] * plan.workers
+    failed = threading.Event()
+
+    def machine(k: int) -> None:
+        try:
+            result = run_workers(
+                machine_command(plan, k, spec_path, port),
+                timeout=timeout,
+                env={
+                    "TOKENIZERS_PARALLELISM": "false",
+                    "HF_HUB_OFFLINE": "1",
+                    "HF_DATASETS_OFFLINE": "1",
+                    "GLOO_SOCKET_IFNAME": plan.veth(k),  # the host name resolves to 127.0.0.1 in a namespace
+                },
+                cwd=REPO,
+                pythonpath=[REPO],
+                threads=spec["threads_per_worker"],
+                log_path=os.path.join(spec["output_dir"], f"launch-machine{k}.log"),
+                check=False,
+            )
+            codes[k] = result.returncode
+        except BaseException:
+            codes[k] = -1
+            raise
+        finally:
+            if codes[k] != 0:
+                failed.set()
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=machine, args=(k,), daemon=True) for k in range(plan.workers)]
+    for thread in threads:
+        thread.start()
+    failed_since = None
+    while any(thread.is_alive() for thread in threads):
+        for thread in threads:
+            thread.join(timeout=0.5)
+        if failed.is_set():
+            failed_since = failed_since or time.monotonic()
+            if time.monotonic() - failed_since > FAILURE_GRACE_SECONDS:
+                for k, thread in enumerate(threads):
+                    if thread.is_alive():
+                        kill_namespace_processes(plan.namespace(k))
+    return [-1 if c is None else c for c in codes], time.perf_counter() - start
+
+
+def run_one(
+    testbed: Testbed, spec: dict, bandwidth: str, initial_ppl: float | None, reuse: bool, burst: int | None
+) -> tuple[dict, dict | None]:
+    """One method at one bandwidth: returns its results.json entry and the worker's result (None if it failed)."""
+    method = spec["method"]
+    rate = parse_rate(bandwidth)
+    burst_bytes = default_burst(rate) if burst is None else burst
+    folder = spec["output_dir"]
+    spec_path, result_path, links_path = (os.path.join(folder, n) for n in ("spec.json", "result.json", "links.json"))
+    tag = f"[{bandwidth} {method}]"
+    links_setting = {
+        "rate_bits": rate,
+        "burst": burst_bytes,
+        "latency_ms": LATENCY_MS,
+        "workers": testbed.plan.workers,
+    }
+    if reuse and all(os.path.exists(p) for p in (spec_path, result_path, links_path)):
+        with open(spec_path, encoding="utf-8") as f, open(links_path, encoding="utf-8") as g:
+            old_spec, links = json.load(f), json.load(g)
+        if old_spec == spec and links.get("setting") == links_setting:
+            print(f"{tag} reusing {result_path}", flush=True)
+            with open(result_path, encoding="utf-8") as f:
+                result = json.load(f)
+            return record(result, links, method, bandwidth, folder, initial_ppl), result
+    os.makedirs(folder, exist_ok=True)
+    for path in (result_path, links_path):
+        if os.path.exists(path):
+            os.remove(path)
+    write_json(spec_path, spec)
+    testbed.limit(rate, burst_bytes, LATENCY_MS)
+    timeout = spec["timeout"] * max(1.0, 1e8 / rate)  # the profile's timeout is for 100 Mbit/s and faster
+    print(
+        f"{tag} launching {testbed.plan.workers} machines, tbf {bandwidth} both ways (burst {burst_bytes} B, "
+        f"latency {LATENCY_MS} ms), logs in {folder}",
+        flush=True,
+    )
+    sampler = Sampler(testbed)
+    before = testbed.counters()
+    sampler.start()
+    try:
+        codes, seconds = launch_machines(testbed, spec, spec_path, timeout)
+    finally:
+        timeline = sampler.stop()
+    after = testbed.counters()
+    links = {
+        "setting": links_setting,
+        "before": before,
+        "after": after,
+        "timeline": timeline,
+        "exit_codes": codes,
+        "launch_seconds": seconds,
+    }
+    write_json(links_path, links)
+    if not os.path.exists(result_path):
+        log = os.path.join(folder, "launch-machine0.log")
+        with open(log, encoding="utf-8", errors="replace") as f:
+            tail = f.read()[-3000:]
+        print(f"{tag} FAILED (exit codes {codes}) after {seconds:.0f}s; end of {log}:\n{tail}", flush=True)
+        return {"error": f"exit {codes}", "launch_seconds": seconds, "folder": folder}, None
+    with open(result_path, encoding="utf-8") as f:
+        result = json.load(f)
+    run = record(result, links, method, bandwidth, folder, initial_ppl)
+    print(
+        f"{tag} done in {seconds:.0f}s: wall {run['wall_seconds']:.1f}s, ppl {run['final_eval_ppl']:.2f}, "
+        f"{run['tokens']:,} tokens, model {human_bytes(run['model_bytes'])}, links "
+        f"{human_bytes(run['link_bytes_training'])} in training ({_fmt(run['link_training_vs_model'])}x) / "
+        f"{human_bytes(run['link_bytes'])} in the launch ({_fmt(run['link_vs_model'])}x), exit codes {codes}",
+        flush=True,
+    )
+    return run, result
+
+
+def record(result: dict, links: dict, method: str, bandwidth: str, folder: str, initial_ppl) -> dict:
+    training = None
+    start, end = result.get("train_started_at"), result.get("train_ended_at")
+    if start is not None and end is not None:
+        training = window_bytes(links["timeline"], start, end)
+    setting = links["setting"]
+    return run_record(
+        result,
+        method=method,
+        bandwidth=bandwidth,
+        rate_bits=setting["rate_bits"],
+        burst=setting["burst"],
+        latency_ms=setting["latency_ms"],
+        folder=folder,
+        initial_ppl=initial_ppl,
+        before=links["before"],
+        after=links["after"],
+        training=training,
+        exit_codes=links["exit_codes"],
+        launch_seconds=links["launch_seconds"],
+    )
+
+
+def machine_info() -> dict:
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        info["cpu"] = names[0] if names else None
+    except OSError:
+        pass
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return info
+
+
+# ---------------------------------------------------------------- command line
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argparse.Namespace]:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Every other option is convergence.py's (--budget_tokens, --inner_steps, --set SECTION.KEY=JSON ...).",
+    )
+    parser.add_argument("--quick", action="store_true", help="100mbit only, a small budget (< 10 minutes, 2 cores).")
+    parser.add_argument("--bandwidth", nargs="+", default=None, help="tc rates (default: 10mbit 100mbit 1gbit).")
+    parser.add_argument("--methods", nargs="+", choices=list(convergence.METHODS), default=list(DEFAULT_METHODS))
+    parser.add_argument("--output_dir", default="outputs/benchmarks/links")
+    parser.add_argument("--workers", type=int, default=4, help="Workers, one network namespace each.")
+    parser.add_argument("--prefix", default="adlk", help="Namespace name prefix (<prefix>-br, <prefix>-wK).")
+    parser.add_argument("--subnet", default="10.213.87", help="The private /24 of the testbed (first three octets).")
+    parser.add_argument("--burst", type=int, default=None, help="tbf burst in bytes (default: max(64 KiB, 4 ms)).")
+    parser.add_argument(
+        "--reuse", action="store_true", help="Keep a run's result when its spec and link are unchanged."
+    )
+    args, rest = parser.parse_known_args(argv)
+    for bandwidth in args.bandwidth or ():
+        try:
+            parse_rate(bandwidth)
+        except ValueError as error:
+            parser.error(str(error))
+    conv_argv = [*rest, "--output_dir", args.output_dir]
+    if args.quick:
+        conv_argv.append("--quick")
+    conv = convergence.parse_args(conv_argv)
+    if conv.device != "cpu":
+        parser.error("links.py runs its workers on the CPU (use_cpu), one per namespace")
+    if conv.budget_tokens is None:
+        conv.budget_tokens = BUDGET_TOKENS
+    if args.bandwidth is None:
+        args.bandwidth = list(QUICK_BANDWIDTHS if args.quick else DEFAULT_BANDWIDTHS)
+    for name in args.methods:
+        reference = convergence.METHODS[name].get("matched_to")
+        if reference is not None and reference not in args.methods:
+            parser.error(f"--methods {name} takes its batch from {reference}'s run: add {reference} to --methods")
+    return args, conv
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, conv = parse_args(argv)
+    os.chdir(REPO)
+    start = time.perf_counter()
+    plan = LinkPlan(workers=args.workers, prefix=args.prefix, subnet=args.subnet)
+    reason = unavailable_reason()
+    if reason:
+        print(f"skipped: {reason}", flush=True)
+        return {"skipped": reason}
+    settings = convergence.shared_settings(conv)
+    settings["world_size"] = args.workers
+    output_dir = os.path.abspath(args.output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    results: dict = {"bandwidths": {}, "settings": settings, "machine": machine_info()}
+    results["links"] = {
+        "workers": plan.workers,
+        "namespaces": plan.namespaces,
+        "addresses": {plan.namespace(k): plan.address(k) for k in range(plan.workers)},
+        "subnet": f"{plan.subnet}.0/24",
+        "qdisc": "tbf on both ends of every veth (worker egress = upload, bridge port egress = download)",
+        "latency_ms": LATENCY_MS,
+        "burst_bytes": {b: default_burst(parse_rate(b)) if args.burst is None else args.burst for b in args.bandwidth},
+        "mtu": 1500,
+        "counter_timeline_seconds": SAMPLE_SECONDS,
+    }
+    seed = settings["seed"]
+    print("preparing data and the initial perplexity ...", flush=True)
+    initial_ppl, train_tokens = convergence.prepare(settings, seed)
+    convergence.check_epochs(settings, train_tokens, conv.allow_repeats)
+    results["initial_eval_ppl"] = initial_ppl
+    names = convergence.run_order(args.methods)
+    try:
+        with Testbed(plan) as testbed:
+            print(
+                f"testbed: {plan.workers} namespaces ({plan.namespace(0)} ... {plan.namespace(plan.workers - 1)}, "
+                f"{plan.subnet}.0/24) on a bridge in {plan.bridge_namespace} ({time.perf_counter() - start:.0f}s)",
+                flush=True,
+            )
+            total, done = len(args.bandwidth) * len(names), 0
+            for bandwidth in args.bandwidth:
+                runs: dict[str, dict] = {}
+                raw: dict[str, dict | None] = {}
+                for name in names:
+                    done += 1
+                    print(
+                        f"--- run {done}/{total}: {name} at {bandwidth} ({time.perf_counter() - start:.0f}s so far)",
+                        flush=True,
+                    )
+                    matched = None
+                    reference = convergence.METHODS[name].get("matched_to")
+                    if reference is not None:
+                        if raw.get(reference) is None:
+                            runs[name] = {"error": f"{reference} failed at {bandwidth}"}
+                            continue
+                        matched = convergence.matched_batch_size(raw[reference], settings)
+                    spec = convergence.method_spec(name, settings, output_dir, seed=seed, matched_batch_size=matched)
+                    spec["output_dir"] = os.path.join(output_dir, bandwidth, name)
+                    runs[name], raw[name] = run_one(testbed, spec, bandwidth, initial_ppl, args.reuse, args.burst)
+                    if matched is not None:
+                        runs[name]["matched_batch_size"] = matched
+                results["bandwidths"][bandwidth] = {name: runs[name] for name in args.methods}
+    except NamespacesUnavailable as error:
+        print(f"skipped: {error}", flush=True)
+        return {"skipped": str(error)}
+    finally:
+        left = sorted(existing_namespaces() & set(plan.namespaces))
+        print(f"cleanup: {'namespaces left: ' + ' '.join(left) if left else 'no namespace left'}", flush=True)
+    results["targets"] = add_targets(results["bandwidths"])
+    results["checks"] = check_links(results["bandwidths"])
+    results["total_seconds"] = time.perf_counter() - start
+    write_json(os.path.join(output_dir, "results.json"), results)
+    report = format_report(results)
+    with open(os.path.join(output_dir, "table.md"), "w", encoding="utf-8") as f:
+        f.write(report + "\n")
+    print(report)
+    if any("curve" in run for runs in results["bandwidths"].values() for run in runs.values()):
+        print(f"wrote {plot(results, os.path.join(output_dir, 'links.png'))}")
+    print(f"wrote {os.path.join(output_dir, 'results.json')} ({results['total_seconds']:.0f}s in all)")
+    return results
+
+
+if __name__ == "__main__":
+    main()

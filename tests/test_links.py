@@ -1,0 +1,242 @@
+"""`recipes/benchmarks/links.py`: the address plan, the tc/ip commands, curves and targets, the results layout (fast);
+and one tiny launch over two rate-limited namespaces (slow, root only)."""
+
+import math
+import subprocess
+
+import pytest
+
+from adloco_hf.testing import launch_command
+from recipes.benchmarks import links
+
+
+# ---- the plan and the commands ----
+def test_the_plan_names_namespaces_links_and_private_addresses():
+    plan = links.LinkPlan(workers=4, prefix="adlkx", subnet="10.213.87")
+    assert plan.namespaces == ["adlkx-br", "adlkx-w0", "adlkx-w1", "adlkx-w2", "adlkx-w3"]
+    assert [plan.address(k) for k in range(4)] == ["10.213.87.10", "10.213.87.11", "10.213.87.12", "10.213.87.13"]
+    assert (plan.veth(2), plan.peer(2)) == ("lnk2", "lnk2b")
+    assert all(len(plan.peer(k)) <= 15 for k in range(200))  # Linux interface names
+    for bad in ({"workers": 0}, {"prefix": "Bad Name"}, {"subnet": "10.213"}, {"subnet": "10.213.300"}):
+        with pytest.raises(ValueError):
+            links.LinkPlan(**bad)
+
+
+def test_setup_builds_a_bridge_namespace_and_one_namespace_per_worker_with_loopback_up():
+    plan = links.LinkPlan(workers=2, prefix="adlkx")
+    commands = [" ".join(c) for c in links.setup_commands(plan)]
+    assert commands[0] == "ip netns add adlkx-br"
+    assert "ip -n adlkx-br link add br0 type bridge" in commands
+    for k in (0, 1):
+        ns = f"adlkx-w{k}"
+        assert f"ip netns add {ns}" in commands
+        assert f"ip -n {ns} link set lo up" in commands
+        assert f"ip link add lnk{k} netns {ns} type veth peer name lnk{k}b netns adlkx-br" in commands
+        assert f"ip -n {ns} addr add 10.213.87.{10 + k}/24 dev lnk{k}" in commands
+        assert f"ip -n adlkx-br link set lnk{k}b master br0" in commands
+    # Nothing is created in the root namespace but the veth pairs' creation itself (both ends go straight in).
+    assert not [c for c in commands if c.startswith("ip link set") or c.startswith("ip addr")]
+
+
+def test_rates_bursts_and_tbf_on_both_ends_of_every_link():
+    assert links.parse_rate("100mbit") == 100_000_000
+    assert links.parse_rate("1gbit") == 10**9
+    assert links.parse_rate("500kbit") == 500_000
+    assert links.parse_rate("12.5mbps") == 100_000_000  # tc's bps: bytes per second
+    assert links.parse_rate("2048") == 2048
+    for bad in ("fast", "-1mbit", "0mbit"):
+        with pytest.raises(ValueError):
+            links.parse_rate(bad)
+    assert links.default_burst(10_000_000) == 64 * 1024
+    assert links.default_burst(10**9) == 500_000  # 4 ms at 1 Gbit/s
+    plan = links.LinkPlan(workers=3, prefix="adlkx")
+    commands = links.tbf_commands(plan, 100_000_000, 65536, 50)
+    assert len(commands) == 6
+    ends = {(c[3], c[8]) for c in commands}
+    assert ends == {(f"adlkx-w{k}", f"lnk{k}") for k in range(3)} | {("adlkx-br", f"lnk{k}b") for k in range(3)}
+    assert (
+        commands[0]
+        == (
+            "ip netns exec adlkx-w0 tc qdisc replace dev lnk0 root tbf rate 100000000bit burst 65536 latency 50ms"
+        ).split()
+    )
+
+
+def test_each_machine_is_its_own_accelerate_launch_in_its_namespace():
+    from accelerate.commands.launch import launch_command_parser
+
+    plan = links.LinkPlan(workers=4, prefix="adlkx")
+    command = links.machine_command(plan, 2, "spec.json", 29555)
+    assert command[:4] == ["ip", "netns", "exec", "adlkx-w2"]
+    parsed = launch_command_parser().parse_args(command[7:])
+    assert parsed.multi_gpu and parsed.num_processes == 4 and parsed.num_machines == 4
+    assert parsed.machine_rank == 2 and parsed.main_process_ip == "10.213.87.10"
+    assert parsed.main_process_port == 29555 and parsed.module
+    assert parsed.training_script == "recipes.benchmarks._convergence_worker"
+    assert parsed.training_script_args == ["spec.json"]
+
+
+def test_launch_command_keeps_one_machine_by_default_and_checks_multi_machine_arguments():
+    one = launch_command("worker.py", num_processes=2, main_process_port=1234)
+    assert one[one.index("--num_machines") + 1] == "1"
+    assert "--machine_rank" not in one and "--main_process_ip" not in one
+    with pytest.raises(ValueError):
+        launch_command("worker.py", num_processes=4, num_machines=4, machine_rank=0)  # no address, no port
+    with pytest.raises(ValueError):
+        launch_command("w.py", num_processes=3, num_machines=2, main_process_ip="10.0.0.1", main_process_port=1)
+    with pytest.raises(ValueError):
+        launch_command(
+            "w.py", num_processes=4, num_machines=4, machine_rank=4, main_process_ip="x", main_process_port=1
+        )
+    with pytest.raises(ValueError):
+        launch_command("w.py", num_processes=2, machine_rank=1)
+
+
+# ---- curves, targets and the counters' window ----
+def test_first_crossing_interpolates_log_perplexity_in_seconds_and_tokens():
+    curve = [[0.0, 0, 1000.0], [10.0, 100, 100.0], [20.0, 200, 10.0]]
+    hit = links.first_crossing(curve, math.sqrt(1000 * 100))  # halfway in log between the first two points
+    assert hit["seconds"] == pytest.approx(5.0) and hit["tokens"] == pytest.approx(50.0)
+    assert links.first_crossing(curve, 100.0) == {"seconds": 10.0, "tokens": 100.0}
+    assert links.first_crossing(curve, 5000.0) == {"seconds": 0.0, "tokens": 0.0}
+    assert links.first_crossing(curve, 9.0) is None
+    # The first crossing counts, even if the curve goes up again later.
+    assert links.first_crossing([[0, 0, 50.0], [1, 10, 20.0], [2, 20, 60.0], [3, 30, 20.0]], 20.0)["seconds"] == 1
+
+
+def test_targets_are_reached_by_every_curve():
+    a = [[0, 0, 4000.0], [5, 100, 800.0], [10, 200, 300.0], [15, 300, 200.0]]
+    b = [[0, 0, 4000.0], [50, 100, 900.0], [100, 200, 400.0], [150, 300, 250.0]]
+    targets = links.choose_targets([a, b], count=3)
+    assert len(targets) == 3 and targets == sorted(targets, reverse=True)
+    assert targets[-1] >= 250.0 * 1.01 and targets[0] <= 900.0
+    for t in targets:
+        assert links.first_crossing(a, t) is not None and links.first_crossing(b, t) is not None
+    assert links.choose_targets([]) == []
+
+
+def test_window_bytes_interpolates_the_timeline():
+    timeline = [[0.0, [0, 0], [0, 0]], [1.0, [100, 200], [50, 60]], [2.0, [300, 200], [150, 60]]]
+    assert links.window_bytes(timeline, 0.5, 1.5) == [{"tx": 150, "rx": 75}, {"tx": 100, "rx": 30}]
+    assert links.window_bytes(timeline, 0.0, 2.0) == [{"tx": 300, "rx": 150}, {"tx": 200, "rx": 60}]
+    assert links.window_bytes(timeline, -1.0, 1.0) is None
+    assert links.window_bytes(timeline[:1], 0.0, 0.0) is None
+
+
+# ---- results layout ----
+def fake_result(method, world=4, wall=10.0, tokens=1000, comm=1_000_000, ppl=(800.0, 300.0)):
+    return {
+        "method": method,
+        "world_size": world,
+        "wall_seconds": wall,
+        "tokens": tokens,
+        "comm_bytes": comm,
+        "parameters": 1000,
+        "final_eval_ppl": ppl[-1],
+        "comm_rounds": 2,
+        "steps": 20,
+        "rounds": 2,
+        "evals": [
+            {"seconds": wall * (i + 1) / len(ppl), "tokens": tokens * (i + 1) // len(ppl), "eval_ppl": p}
+            for i, p in enumerate(ppl)
+        ],
+        "train_started_at": 100.0,
+        "train_ended_at": 100.0 + wall,
+    }
+
+
+def test_results_layout_checks_and_report(tmp_path):
+    world = 4
+    before = [{"tx": 10, "rx": 10}] * world
+    bandwidths = {}
+    for method, wall, comm, sent in (("ddp", 30.0, 8_000_000, 2_100_000), ("diloco", 10.0, 400_000, 150_000)):
+        after = [{"tx": 10 + sent, "rx": 10 + sent}] * world
+        timeline = [[99.0, [0] * world, [0] * world], [200.0, [sent] * world, [sent] * world]]
+        training = links.window_bytes(timeline, 100.0, 100.0 + wall)
+        run = links.run_record(
+            fake_result(method, wall=wall, comm=comm),
+            method=method,
+            bandwidth="100mbit",
+            rate_bits=100_000_000,
+            burst=65536,
+            latency_ms=50,
+            folder=str(tmp_path / method),
+            initial_ppl=4000.0,
+            before=before,
+            after=after,
+            training=training,
+            exit_codes=[0] * world,
+            launch_seconds=wall + 5,
+        )
+        bandwidths.setdefault("100mbit", {})[method] = run
+    ddp = bandwidths["100mbit"]["ddp"]
+    for key in ("wall_seconds", "link_bytes", "model_bytes", "tokens", "final_eval_ppl", "curve", "to_target"):
+        assert key in ddp, key
+    for key in ("world_size", "bandwidth_bits_per_second", "tbf", "folder", "timings"):
+        assert key in ddp, key
+    assert ddp["curve"][0] == [0.0, 0, 4000.0] and [len(p) for p in ddp["curve"]] == [3, 3, 3]
+    assert ddp["link_bytes"] == 4 * 2_100_000 and ddp["link_bytes_per_worker"][0] == {"tx": 2_100_000, "rx": 2_100_000}
+    assert ddp["link_vs_model"] == pytest.approx(4 * 2_100_000 / 8_000_000)
+    assert ddp["model_comm_seconds"] == pytest.approx(8_000_000 / 4 * 8 / 1e8)
+    assert ddp["tbf"] == {
+        "rate_bits_per_second": 100_000_000,
+        "burst_bytes": 65536,
+        "latency_ms": 50,
+        "both_ways": True,
+    }
+    targets = links.add_targets(bandwidths)
+    assert targets and all(
+        hit is not None for run in bandwidths["100mbit"].values() for hit in run["to_target"].values()
+    )
+    checks = links.check_links(bandwidths)
+    by_method = {c["method"]: c for c in checks}
+    assert by_method["ddp"]["link_holds"] is True  # 1.05
+    assert by_method["diloco"]["link_holds"] is False  # 1.5
+    results = {"bandwidths": bandwidths, "targets": targets, "checks": checks}
+    report = links.format_report(results)
+    assert "100mbit |    ddp |" in report and "MISSED" in report and "ddp/diloco wall 3.00x" in report
+    assert "rendezvous" in report and "headers" in report
+
+
+def test_a_machine_without_namespaces_is_skipped(monkeypatch, capsys):
+    monkeypatch.setattr(links.os, "geteuid", lambda: 1000)
+    assert "root" in links.unavailable_reason()
+    assert links.main(["--quick", "--prefix", "adlkx"]) == {"skipped": links.unavailable_reason()}
+    assert capsys.readouterr().out.startswith("skipped: ")
+
+
+# ---- a real launch over two namespaces ----
+def namespaces_unavailable() -> str | None:
+    reason = links.unavailable_reason()
+    if reason:
+        return reason
+    probe = "adlkt-probe"
+    done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"`ip netns add` failed: {done.stderr.strip()}"
+    subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_namespaces_form_one_world_over_limited_links_and_leave_nothing_behind(tmp_path):
+    reason = namespaces_unavailable()
+    if reason:
+        pytest.skip(f"network namespaces cannot be created here: {reason}")
+    prefix = "adlkt"
+    argv = ["--workers", "2", "--bandwidth", "1gbit", "--methods", "diloco", "--prefix", prefix]
+    argv += ["--output_dir", str(tmp_path), "--budget_tokens", "10240", "--inner_steps", "5"]
+    argv += ["--eval_every_rounds", "1", "--warmup_steps", "2", "--quick"]
+    results = links.main(argv)
+    run = results["bandwidths"]["1gbit"]["diloco"]
+    assert "error" not in run, run
+    assert run["world_size"] == 2 and run["exit_codes"] == [0, 0]
+    assert len(run["link_bytes_per_worker"]) == 2
+    for worker in run["link_bytes_per_worker"]:
+        assert worker["tx"] > 0 and worker["rx"] > 0
+    assert run["model_bytes"] > 0 and run["link_bytes"] >= run["model_bytes"] * 0.5
+    assert (tmp_path / "1gbit" / "diloco" / "adloco_rounds.jsonl").exists()
+    assert (tmp_path / "results.json").exists() and (tmp_path / "table.md").exists()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not [line for line in listed.splitlines() if line.startswith(prefix)], listed
