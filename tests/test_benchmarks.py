@@ -312,9 +312,13 @@ def test_to_target_interpolates_the_first_crossing_in_log_perplexity():
     assert convergence.reach(points, 1000.0)["tokens"] == 0
     assert convergence.reach(points, 40.0) is None
     # Targets: reached by every run, the hardest at the worst run's best perplexity, rounded up.
-    other = [dict(p, eval_ppl=p["eval_ppl"] * 1.5) for p in points]  # best 75
-    assert convergence.choose_targets([points, other]) == [98.0, 83.0, 75.0]
-    assert convergence.nice_ceiling(187.3) == 190 and convergence.nice_ceiling(9.71) == pytest.approx(9.8)
+    assert _common.choose_targets([50.0, 75.0]) == [98.0, 83.0, 75.0]
+    assert _common.nice_ceiling(187.3) == 190 and _common.nice_ceiling(9.71) == pytest.approx(9.8)
+    assert _common.choose_targets([float("nan")]) == []
+    # A non-finite evaluation is no crossing.
+    assert convergence.reach([dict(points[0], eval_ppl=float("nan")), *points[1:]], 100.0)["tokens"] == pytest.approx(
+        200
+    )
 
 
 def test_to_target_over_seeds_and_the_matched_batch(tmp_path):

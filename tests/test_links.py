@@ -104,15 +104,15 @@ def test_first_crossing_interpolates_log_perplexity_in_seconds_and_tokens():
     assert links.first_crossing([[0, 0, 50.0], [1, 10, 20.0], [2, 20, 60.0], [3, 30, 20.0]], 20.0)["seconds"] == 1
 
 
-def test_targets_are_reached_by_every_curve():
+def test_targets_are_reached_by_every_run():
     a = [[0, 0, 4000.0], [5, 100, 800.0], [10, 200, 300.0], [15, 300, 200.0]]
     b = [[0, 0, 4000.0], [50, 100, 900.0], [100, 200, 400.0], [150, 300, 250.0]]
-    targets = links.choose_targets([a, b], count=3)
-    assert len(targets) == 3 and targets == sorted(targets, reverse=True)
-    assert targets[-1] >= 250.0 * 1.01 and targets[0] <= 900.0
-    for t in targets:
-        assert links.first_crossing(a, t) is not None and links.first_crossing(b, t) is not None
-    assert links.choose_targets([]) == []
+    bandwidths = {"100mbit": {"ddp": {"curve": a}, "diloco": {"curve": b}, "adloco": {"error": "exit 1"}}}
+    targets = links.add_targets(bandwidths)
+    assert len(targets) == 3 and targets == sorted(targets, reverse=True) and targets[-1] >= 250.0
+    for run in (bandwidths["100mbit"]["ddp"], bandwidths["100mbit"]["diloco"]):
+        assert all(run["to_target"][f"{t:g}"] is not None for t in targets)
+    assert links.add_targets({}) == []
 
 
 def test_window_bytes_interpolates_the_timeline():

@@ -11,7 +11,7 @@ import re
 import shutil
 import statistics
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from adloco_hf.checkpoint import atomic_write_text
@@ -21,9 +21,12 @@ from adloco_hf.report import format_bytes
 
 __all__ = [
     "REPO",
+    "choose_targets",
+    "first_reach",
     "human_bytes",
     "interpolate_curve",
     "median_spread",
+    "nice_ceiling",
     "parse_ss_bytes_sent",
     "ratio",
     "ring_all_reduce_bytes",
@@ -106,6 +109,49 @@ def interpolate_curve(curve: Sequence[Sequence[float]], x: float) -> float | Non
             t = (x - left) / (right - left)
             return math.exp((1 - t) * math.log(points[left]) + t * math.log(points[right]))
     return points[xs[-1]]
+
+
+def first_reach(points: Sequence[Mapping], target: float, fields: Mapping[str, str]) -> dict | None:
+    """Where a run's eval curve first reaches perplexity `target` (eval_ppl <= target), or None if it never does.
+
+    `points` are the run's evaluations in order (dicts with `"eval_ppl"` and the keys named in `fields`), the first
+    one usually the initial model. Between the two evaluations around the crossing every field is interpolated
+    linearly, at the fraction where log-perplexity crosses `log(target)`. Returns `{name: value}` for `fields`
+    (`{output name: point key}`); a field missing on either point is None. Non-finite perplexities are skipped.
+    """
+    points = [
+        p for p in points if p.get("eval_ppl") is not None and math.isfinite(p["eval_ppl"]) and p["eval_ppl"] > 0
+    ]
+    for i, point in enumerate(points):
+        if point["eval_ppl"] > target:
+            continue
+        before = points[i - 1] if i else point
+        span = math.log(before["eval_ppl"]) - math.log(point["eval_ppl"])
+        t = 1.0 if span <= 0 else (math.log(before["eval_ppl"]) - math.log(target)) / span
+        out = {}
+        for name, key in fields.items():
+            a, b = before.get(key), point.get(key)
+            out[name] = None if a is None or b is None else a + t * (b - a)
+        return out
+    return None
+
+
+def nice_ceiling(x: float) -> float:
+    """`x` rounded up to two significant digits (187.3 -> 190, 1234 -> 1300, 9.71 -> 9.8)."""
+    if x <= 0 or not math.isfinite(x):
+        return x
+    step = 10 ** (math.floor(math.log10(x)) - 1)
+    return math.ceil(round(x / step, 9)) * step
+
+
+def choose_targets(best_ppls: Sequence[float], factors: Sequence[float] = (1.3, 1.1, 1.0)) -> list[float]:
+    """Target perplexities that every run reaches, from each run's best (lowest) perplexity: the worst of those
+    bests, and `factors` above it, each rounded up to two significant digits; highest first, no repeats."""
+    best = [p for p in best_ppls if p is not None and math.isfinite(p)]
+    if not best:
+        return []
+    worst_best = max(best)
+    return sorted({nice_ceiling(worst_best * f) for f in factors}, reverse=True)
 
 
 def ratio(value: float | None, reference: float | None) -> float | None:

@@ -47,7 +47,16 @@ import statistics
 import time
 
 from adloco_hf.testing import launch_command, run_workers
-from recipes.benchmarks._common import REPO, human_bytes, interpolate_curve, ratio, table, write_json
+from recipes.benchmarks._common import (
+    REPO,
+    choose_targets,
+    first_reach,
+    human_bytes,
+    interpolate_curve,
+    ratio,
+    table,
+    write_json,
+)
 
 
 # Launched as a module from the repository root (`accelerate launch --module`): no path edits in the workers.
@@ -380,37 +389,8 @@ TARGET_FIELDS = {"tokens": "tokens", "inner_steps": "inner_steps", "rounds": "ro
 
 def reach(points: list[dict], target: float) -> dict | None:
     """Tokens, inner steps, rounds, bytes and training seconds at which a run's eval curve first reaches perplexity
-    `target`, interpolated between the two evaluations around the crossing (linearly in log-perplexity); None when
-    it never does. `points` are the run's evaluations in order, starting with the initial model (all zeros)."""
-    for i, point in enumerate(points):
-        if point["eval_ppl"] is None or point["eval_ppl"] > target:
-            continue
-        if i == 0:
-            return {name: 0.0 for name in TARGET_FIELDS}
-        before = points[i - 1]
-        span = math.log(before["eval_ppl"]) - math.log(point["eval_ppl"])
-        t = 1.0 if span <= 0 else (math.log(before["eval_ppl"]) - math.log(target)) / span
-        out = {}
-        for name, key in TARGET_FIELDS.items():
-            a, b = before.get(key), point.get(key)
-            out[name] = None if a is None or b is None else a + t * (b - a)
-        return out
-    return None
-
-
-def nice_ceiling(x: float) -> float:
-    """`x` rounded up to two significant digits (187.3 -> 190, 1234 -> 1300, 9.71 -> 9.8)."""
-    if x <= 0:
-        return x
-    step = 10 ** (math.floor(math.log10(x)) - 1)
-    return math.ceil(round(x / step, 9)) * step
-
-
-def choose_targets(runs: list[list[dict]], factors=(1.3, 1.1, 1.0)) -> list[float]:
-    """Two or three target perplexities that every run reaches: the worst (highest) best perplexity of any run,
-    and 1.1x and 1.3x above it, each rounded up to two significant digits; highest first."""
-    worst_best = max(min(p["eval_ppl"] for p in points) for points in runs)
-    return sorted({nice_ceiling(worst_best * f) for f in factors}, reverse=True)
+    `target` ([`first_reach`]); `points` are the run's evaluations in order, from the initial model's."""
+    return first_reach(points, target, TARGET_FIELDS)
 
 
 def eval_points(result: dict, initial_ppl: float | None) -> list[dict]:
@@ -431,7 +411,7 @@ def to_target(methods: dict[str, dict], initial_ppl: dict[int, float]) -> list[f
     }
     if not runs:
         return []
-    targets = choose_targets(list(runs.values()))
+    targets = choose_targets([min(p["eval_ppl"] for p in points) for points in runs.values()])
     for name, m in methods.items():
         if "error" in m:
             continue

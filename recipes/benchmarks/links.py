@@ -42,7 +42,6 @@ with the same names are removed before the start.
 
 import argparse
 import json
-import math
 import os
 import platform
 import re
@@ -56,7 +55,7 @@ from dataclasses import dataclass
 
 from adloco_hf.testing import free_port, launch_command, run_workers
 from recipes.benchmarks import convergence
-from recipes.benchmarks._common import REPO, human_bytes, ratio, table, write_json
+from recipes.benchmarks._common import REPO, choose_targets, first_reach, human_bytes, ratio, table, write_json
 
 
 DEFAULT_BANDWIDTHS = ("10mbit", "100mbit", "1gbit")
@@ -196,40 +195,10 @@ def machine_command(plan: LinkPlan, k: int, spec_path: str, port: int) -> list[s
 
 # ---------------------------------------------------------------- curves and targets (pure)
 def first_crossing(curve: Sequence[Sequence[float]], target: float) -> dict | None:
-    """Seconds and tokens at which a `[[seconds, tokens, ppl], ...]` curve first reaches `target` (ppl <= target),
-    interpolating log-perplexity linearly between the two evaluations around the crossing; None if never reached."""
-    points = [p for p in curve if p[2] is not None and math.isfinite(p[2]) and p[2] > 0 and p[0] is not None]
-    for i, (seconds, tokens, ppl) in enumerate(points):
-        if ppl > target:
-            continue
-        if i == 0:
-            return {"seconds": float(seconds), "tokens": float(tokens)}
-        s0, t0, p0 = points[i - 1]
-        frac = (math.log(p0) - math.log(target)) / (math.log(p0) - math.log(ppl))
-        return {"seconds": s0 + frac * (seconds - s0), "tokens": t0 + frac * (tokens - t0)}
-    return None
-
-
-def _ceil_significant(x: float, digits: int = 3) -> float:
-    scale = 10 ** (digits - 1 - math.floor(math.log10(x)))
-    return math.ceil(x * scale) / scale
-
-
-def choose_targets(curves: Sequence[Sequence[Sequence[float]]], count: int = 3) -> list[float]:
-    """`count` perplexities that every curve reaches, high to low: geometrically spaced from 1 % above the best
-    perplexity the worst curve reaches up to the highest first evaluation after the start (rounded up to 3
-    significant digits, so still reached)."""
-    curves = [[p for p in c if p[2] is not None and math.isfinite(p[2]) and p[2] > 0] for c in curves]
-    curves = [c for c in curves if c]
-    if not curves:
-        return []
-    low = max(min(p[2] for p in c) for c in curves) * 1.01
-    high = max((c[1][2] if len(c) > 1 else c[0][2]) for c in curves)
-    high = min(high, min(c[0][2] for c in curves))  # never above a curve's start
-    if high <= low:
-        return [_ceil_significant(low)]
-    targets = [_ceil_significant(low * (high / low) ** (k / count)) for k in range(count)]
-    return sorted(set(targets), reverse=True)
+    """Seconds and tokens at which a `[[seconds, tokens, ppl], ...]` curve first reaches `target` ([`first_reach`]:
+    log-perplexity interpolated between the two evaluations around the crossing); None if never reached."""
+    points = [{"seconds": s, "tokens": t, "eval_ppl": p} for s, t, p in curve if s is not None]
+    return first_reach(points, target, {"seconds": "seconds", "tokens": "tokens"})
 
 
 def window_bytes(timeline: Sequence[Sequence], start: float, end: float) -> list[dict] | None:
@@ -330,10 +299,11 @@ def run_record(
     }
 
 
-def add_targets(bandwidths: dict[str, dict[str, dict]], count: int = 3) -> list[float]:
-    """Choose targets every run reaches and fill each run's `to_target` (`{"<ppl>": {"seconds", "tokens"}}`)."""
+def add_targets(bandwidths: dict[str, dict[str, dict]]) -> list[float]:
+    """Choose targets every run reaches ([`choose_targets`]) and fill each run's `to_target`
+    (`{"<ppl>": {"seconds", "tokens"}}`)."""
     runs = [run for methods in bandwidths.values() for run in methods.values() if "curve" in run]
-    targets = choose_targets([run["curve"] for run in runs], count)
+    targets = choose_targets([min((p[2] for p in run["curve"] if p[2] is not None), default=None) for run in runs])
     for run in runs:
         run["to_target"] = {f"{t:g}": first_crossing(run["curve"], t) for t in targets}
     return targets
