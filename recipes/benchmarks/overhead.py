@@ -21,11 +21,18 @@ Reported (`results.json`, and a table):
   them off, from per-step medians pooled over the repeats. It can be negative: on a CPU, two half-batch passes can
   be cheaper than one full pass (smaller logits stay in cache);
 - `stats_overhead[H]`: that extra time (0 when negative) per round / the round's time, for H = 50 and 200;
-- `outer_step_seconds` and `outer_overhead[H]`: AdLoCo's end-of-round work per round, and its share of a round.
+- `outer_step_seconds` and `outer_overhead[H]`: AdLoCo's end-of-round work per round, and its share of a round;
+- `step_profile` (optional, `--step_profile 1 2 4 8 16`): seconds of one forward/backward of b sequences per
+  micro-batch size b, of one optimizer step (gradient clipping, AdamW, zero_grad) and of an outer step's local work,
+  measured in a bare loop (no Trainer) by `--step_profile_processes` concurrent processes (the median over them), so
+  that 4 workers sharing 2 cores can be measured under the same contention. `wallclock.py` reads it as its device
+  profile.
 
     python -m recipes.benchmarks.overhead --quick          # from the repository root; < 5 minutes on 2 CPU cores
     python -m recipes.benchmarks.overhead                  # more repeats and rounds
     python -m recipes.benchmarks.overhead --device cuda --preset microllama --fp16
+    # only the step profile, 4 processes on the cores as convergence.py's 4 workers (seconds):
+    python -m recipes.benchmarks.overhead --step_profile 1 2 4 8 16 --step_profile_processes 4 --step_profile_only
 
 Outputs in `--output_dir` (default `outputs/benchmarks/overhead`): `results.json` and `table.md`.
 """
@@ -203,6 +210,135 @@ def run_variant(variant: str, settings: dict, tokenizer, lm, output_dir: str) ->
     return result
 
 
+def _profile_process(job: dict) -> dict:
+    """One process of the step profile: forward/backward per micro-batch size, optimizer step, outer step."""
+    import torch
+
+    from adloco_hf.presets import build_model
+
+    torch.set_num_threads(job["threads"])
+    device = torch.device(job["device"])
+    overrides = {"max_position_embeddings": max(256, job["block_size"])}
+    model = build_model(job["preset"], vocab_size=job["vocab_size"], seed=0, config_overrides=overrides).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    params = [p for p in model.parameters() if p.requires_grad]
+    numel = sum(p.numel() for p in params)
+    phi = torch.zeros(numel, device=device)
+    momentum = torch.zeros(numel, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    generator = torch.Generator().manual_seed(0)
+    inputs = {
+        b: torch.randint(0, job["vocab_size"], (b, job["block_size"]), generator=generator).to(device)
+        for b in job["sizes"]
+    }
+    fb: dict[int, list[float]] = {b: [] for b in job["sizes"]}
+    opt, outer = [], []
+    for rep in range(job["warmup"] + job["repeats"]):
+        for b in job["sizes"]:  # interleaved, so a slow spell of the machine hits every size alike
+            sync()
+            start = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.float16, enabled=job["fp16"]):
+                loss = model(input_ids=inputs[b], labels=inputs[b]).loss
+            loss.backward()
+            sync()
+            middle = time.perf_counter()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sync()
+            end = time.perf_counter()
+            # An outer step's local work: Δ = φ − θ, momentum SGD on φ, θ ← φ (no communication).
+            with torch.no_grad():
+                offset, delta = 0, torch.empty_like(phi)
+                for p in params:
+                    delta[offset : offset + p.numel()].copy_(p.reshape(-1)).neg_().add_(
+                        phi[offset : offset + p.numel()]
+                    )
+                    offset += p.numel()
+                momentum.mul_(0.5).add_(delta)
+                phi.add_(momentum, alpha=-0.5)
+                offset = 0
+                for p in params:
+                    p.copy_(phi[offset : offset + p.numel()].view_as(p))
+                    offset += p.numel()
+            sync()
+            if rep >= job["warmup"]:
+                fb[b].append(middle - start)
+                opt.append(end - middle)
+                outer.append(time.perf_counter() - end)
+    result = {
+        "micro_batch_seconds": {str(b): statistics.median(v) for b, v in fb.items()},
+        "optimizer_seconds": statistics.median(opt),
+        "outer_seconds": statistics.median(outer),
+        "parameters": numel,
+    }
+    b = job.get("trainer_batch")
+    if b:  # the plain Trainer's step at batch b: what a real step adds to the bare loop (data, bookkeeping)
+        import tempfile
+
+        from recipes.benchmarks._convergence_worker import load_data
+
+        settings = {**job["settings"], "batch_size": b, "inner_steps": 20, "rounds": 1, "warmup": 5}
+        tokenizer, lm = load_data(settings)
+        with tempfile.TemporaryDirectory() as tmp:
+            step = run_variant("trainer", settings, tokenizer, lm, tmp)["ordinary_step_seconds"]
+        bare = statistics.median(fb[b]) if b in fb else None
+        result["trainer_step_seconds"] = {str(b): step}
+        if bare is not None:
+            result["step_overhead_seconds"] = max(0.0, step - bare - result["optimizer_seconds"])
+    return result
+
+
+def measure_step_profile(
+    settings: dict, vocab_size: int, sizes: list[int], processes: int, repeats: int, trainer_batch: int | None = None
+) -> dict:
+    """The device profile `wallclock.py` replays runs with, from `processes` concurrent processes (median over them).
+
+    Each process runs `settings["threads"]` torch threads; the processes start together and interleave the sizes, so
+    they contend for the cores as the workers of one launch do. With `trainer_batch` (one of `sizes`), each process
+    then times the plain Trainer's steps at that batch: `step_overhead_seconds` is what such a step takes beyond the
+    bare forward/backward and optimizer step.
+    """
+    import multiprocessing
+
+    job = {
+        "preset": settings["preset"],
+        "vocab_size": vocab_size,
+        "block_size": settings["block_size"],
+        "device": settings["device"],
+        "fp16": settings["fp16"],
+        "threads": settings["threads"],
+        "sizes": sorted(set(sizes)),
+        "repeats": repeats,
+        "warmup": 2,
+        "trainer_batch": trainer_batch,
+        "settings": settings,
+    }
+    if processes == 1:
+        per_process = [_profile_process(job)]
+    else:
+        with multiprocessing.get_context("spawn").Pool(processes) as pool:
+            per_process = pool.map(_profile_process, [job] * processes)
+    return {
+        "micro_batch_seconds": {
+            str(b): statistics.median(p["micro_batch_seconds"][str(b)] for p in per_process) for b in job["sizes"]
+        },
+        "optimizer_seconds": statistics.median(p["optimizer_seconds"] for p in per_process),
+        "outer_seconds": statistics.median(p["outer_seconds"] for p in per_process),
+        **(
+            {"step_overhead_seconds": statistics.median(p["step_overhead_seconds"] for p in per_process)}
+            if trainer_batch
+            else {}
+        ),
+        "parameters": per_process[0]["parameters"],
+        "processes": processes,
+        "threads_per_process": settings["threads"],
+        "repeats": repeats,
+        **{k: settings[k] for k in ("preset", "block_size", "device", "fp16")},
+        "per_process": per_process,
+    }
+
+
 def _rounds(output_dir: str) -> list[dict]:
     from adloco_hf.run_log import load_rounds
 
@@ -323,7 +459,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (the workers of convergence.py use 1)."
     )
+    parser.add_argument(
+        "--step_profile",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="B",
+        help="Also measure the step profile (wallclock.py's device profile) at these micro-batch sizes.",
+    )
+    parser.add_argument("--step_profile_processes", type=int, default=1, help="Concurrent processes measuring it.")
+    parser.add_argument("--step_profile_repeats", type=int, default=10)
+    parser.add_argument("--step_profile_only", action="store_true", help="Measure only the step profile.")
+    parser.add_argument(
+        "--step_profile_trainer_batch",
+        type=int,
+        default=None,
+        help="Also time the plain Trainer's step at this batch (one of --step_profile): the per-step overhead.",
+    )
     args = parser.parse_args(argv)
+    if args.step_profile_only and not args.step_profile:
+        parser.error("--step_profile_only needs --step_profile B [B ...]")
+    if args.step_profile_trainer_batch is not None and args.step_profile_trainer_batch not in (
+        args.step_profile or []
+    ):
+        parser.error("--step_profile_trainer_batch must be one of the --step_profile sizes")
     if args.fp16 and args.device != "cuda":
         parser.error("--fp16 needs --device cuda")
     return args
@@ -345,6 +504,33 @@ def main(argv: list[str] | None = None) -> dict:
     settings = settings_from(args)
     output_dir = os.path.abspath(args.output_dir)
     tokenizer, lm = load_data(settings)
+    step_profile = None
+    if args.step_profile:
+        step_profile = measure_step_profile(
+            settings,
+            len(tokenizer),
+            args.step_profile,
+            args.step_profile_processes,
+            args.step_profile_repeats,
+            args.step_profile_trainer_batch,
+        )
+        print(
+            "step profile: "
+            + ", ".join(f"b={b} {1000 * s:.1f} ms" for b, s in step_profile["micro_batch_seconds"].items())
+            + f"; optimizer {1000 * step_profile['optimizer_seconds']:.1f} ms"
+            + f"; outer step {1000 * step_profile['outer_seconds']:.1f} ms"
+            + f"; other per-step work {1000 * step_profile.get('step_overhead_seconds', math.nan):.1f} ms",
+            flush=True,
+        )
+        if args.step_profile_only:
+            results = {
+                "step_profile": step_profile,
+                "settings": settings,
+                "total_seconds": time.perf_counter() - start,
+            }
+            write_json(os.path.join(output_dir, "results.json"), results)
+            print(f"wrote {os.path.join(output_dir, 'results.json')}")
+            return results
     runs = []
     for repeat in range(settings["repeats"]):
         order = VARIANTS[repeat % len(VARIANTS) :] + VARIANTS[: repeat % len(VARIANTS)]
@@ -360,6 +546,8 @@ def main(argv: list[str] | None = None) -> dict:
             )
     summary = summarize(runs, settings)
     results = {**summary, "settings": settings, "runs": runs, "total_seconds": time.perf_counter() - start}
+    if step_profile is not None:
+        results["step_profile"] = step_profile
     write_json(os.path.join(output_dir, "results.json"), results)
     report = format_report(summary)
     with open(os.path.join(output_dir, "table.md"), "w", encoding="utf-8") as f:
