@@ -273,7 +273,11 @@ def test_seeds_are_averaged_and_ratios_paired_by_seed():
     diloco = convergence.aggregate(
         {1: _seed_run([[500, 110.0], [1000, 55.0]]), 2: _seed_run([[500, 130.0], [1000, 66.0]])}
     )
-    assert ddp["final_eval_ppl"] == pytest.approx(55.0) and ddp["final_eval_ppl_seeds"] == [50.0, 60.0]
+    # Perplexities average geometrically, as the curves do: the mean final perplexity is the curve's last point.
+    assert ddp["final_eval_ppl"] == pytest.approx(math.sqrt(50.0 * 60.0)) and ddp["final_eval_ppl_seeds"] == [
+        50.0,
+        60.0,
+    ]
     assert ddp["final_eval_ppl_sd"] == pytest.approx(math.sqrt(50.0))
     # The mean curve averages log-perplexity: the geometric mean of the seeds.
     assert convergence.interpolate_curve(ddp["curve"], 1000) == pytest.approx(math.sqrt(50.0 * 60.0))
@@ -286,13 +290,17 @@ def test_seeds_are_averaged_and_ratios_paired_by_seed():
     assert convergence.verdict([1.02, 0.97, 1.03]) == "tie"
     assert convergence.verdict([0.9, 0.92, 0.91]) == "better"
     assert convergence.verdict([0.9]) == "1 seed"
+    # A seed missing on one side: fewer pairs than seeds, and the cell says so.
+    diloco["ppl_vs_ddp_seeds"] = [1.1]
+    assert "[n=1/2]" in convergence._ratio_cell(diloco, "ddp")
     report = convergence.format_report({"methods": methods, **convergence.compare(methods)})
     assert "worse" in report and "±" in report
 
 
 def test_a_seed_that_failed_is_left_out_and_named():
     method = convergence.aggregate({1: _seed_run([[1000, 50.0]]), 2: {"error": "exit 1"}})
-    assert method["seeds"] == [1] and method["failed_seeds"] == [2] and method["final_eval_ppl"] == 50.0
+    assert method["seeds"] == [1] and method["failed_seeds"] == [2]
+    assert method["final_eval_ppl"] == pytest.approx(50.0)
     assert convergence.aggregate({1: {"error": "exit 124"}})["error"] == "exit 124"
 
 
@@ -330,6 +338,20 @@ def test_to_target_over_seeds_and_the_matched_batch(tmp_path):
     assert targets[-1] == 60.0  # adloco's best is the worst best
     assert all(methods[m]["to_target"][f"{t:g}"]["tokens"] is not None for m in methods for t in targets)
     assert methods["adloco"]["to_target"]["60"]["tokens"] == pytest.approx(1000)
+    # A seed that never reaches a target leaves that target's mean undefined (not the mean of the others).
+    two = {"x": convergence.aggregate({1: _seed_run([[1000, 50.0]]), 2: _seed_run([[1000, 70.0]])})}
+    convergence.to_target(two, {1: 1000.0, 2: 1000.0})
+    entry = two["x"]["to_target"]["70"]
+    assert entry["tokens_seeds"][0] is not None and entry["tokens"] is not None
+    for point in two["x"]["seed_results"][2]["evals"]:
+        point["seconds"] = None  # this seed did not time its evaluations
+    convergence.to_target(two, {1: 1000.0, 2: 1000.0})
+    entry = two["x"]["to_target"]["70"]
+    assert entry["seconds"] is None and entry["seconds_seeds"][0] is not None and entry["tokens"] is not None
+    assert convergence.check_matched(["ddp", "diloco_matched"]) and convergence.check_matched(["adloco"]) is None
+    with pytest.raises(ValueError, match="failed"):
+        convergence.matched_for("diloco_matched", {"adloco": {"error": "exit 1"}}, {})
+    assert convergence.matched_for("ddp", {}, {}) is None
     settings = convergence.shared_settings(convergence.parse_args(["--quick"]))
     per_round = settings["world_size"] * settings["train"]["inner_steps"] * settings["block_size"]
     batch = convergence.matched_batch_size({"tokens": 60 * 6.4 * per_round, "rounds": 60}, settings)
@@ -715,22 +737,16 @@ def test_gpu_check_table_from_the_steps_outcomes(tmp_path):
     commands = gpu_check.step_commands(str(tmp_path))
     assert list(commands) == list(gpu_check.STEPS)
     assert "backend=nccl" in commands["1 worker, nccl, fp16, auto"]
-    for folder, tokens_per_second in (("gloo4", 3000.0), ("nccl1", 1000.0)):
-        path = tmp_path / folder / "diloco" / "seed-42" / "result.json"
-        path.parent.mkdir(parents=True)
-        path.write_text(
-            json.dumps(
-                {
-                    "tokens_per_second": tokens_per_second,
-                    "final_eval_ppl": 90.0,
-                    "peak_memory_bytes": 2**30,
-                    "max_batch_size": 48,
-                }
-            )  # fmt: skip
-        )
+    for folder, tokens_per_second in (("gloo4", 3000.0), ("gloo1", 1000.0), ("nccl1", 1500.0)):
+        run = {"tokens_per_second": tokens_per_second, "final_eval_ppl": 90.0, "peak_memory_bytes": 2**30}
+        run["max_batch_size"] = 48
+        (tmp_path / folder).mkdir()
+        results = {"methods": {"diloco": {"seed_results": {"7": run}}}}
+        (tmp_path / folder / "results.json").write_text(json.dumps(results))
     outcomes = {
         "cuda tests": {"code": 1, "output": "1 passed, 1 failed in 3s"},
         "4 workers, gloo, fp16": {"code": 0, "output": ""},
+        "1 worker, gloo, fp16": {"code": 0, "output": ""},
         "1 worker, nccl, fp16, auto": {"code": 0, "output": ""},
         "overhead": {"code": 1, "output": ""},
     }

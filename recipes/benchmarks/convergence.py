@@ -229,6 +229,29 @@ def method_spec(
     return spec
 
 
+def check_matched(names: list[str]) -> str | None:
+    """Why the methods `names` cannot run together (a matched method without its reference), or None."""
+    for name in names:
+        reference = METHODS[name].get("matched_to")
+        if reference is not None and reference not in names:
+            return f"--methods {name} takes its batch from {reference}'s run: add {reference} to --methods"
+    return None
+
+
+def matched_for(name: str, results: dict[str, dict], settings: dict) -> int | None:
+    """The batch of method `name` given the results of the same seed so far (`{method: result}`): None for a
+    method that is not matched; raises ValueError when its reference has not run or failed."""
+    reference = METHODS[name].get("matched_to")
+    if reference is None:
+        return None
+    result = results.get(reference)
+    if result is None or "error" in result:
+        raise ValueError(
+            f"{name} takes its batch from {reference}'s run, which {'failed' if result else 'did not run'}"
+        )
+    return matched_batch_size(result, settings)
+
+
 def matched_batch_size(reference: dict, spec: dict) -> int:
     """The fixed per-worker batch whose rounds carry `reference`'s mean tokens per round (same H, workers, blocks)."""
     tokens_per_round = reference["tokens"] / reference["rounds"]
@@ -332,12 +355,15 @@ def run_method(name: str, spec: dict, reuse: bool) -> dict:
 TOTALS = ("tokens", "epochs", "steps", "comm_rounds", "comm_bytes", "measured_bytes_sent", "wall_seconds")
 
 
-def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation (None with fewer than 2 values) of the finite values."""
-    values = [float(v) for v in values if v is not None and math.isfinite(v)]
+def mean_sd(values: list[float], geometric: bool = False) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (None with fewer than 2 values) of the finite values. `geometric`: the
+    mean of perplexities and of their ratios is geometric (the mean of log-perplexities, as the curves average), so a
+    method's mean final perplexity is its mean curve's last point; the spread stays in the values' own units."""
+    values = [float(v) for v in values if v is not None and math.isfinite(v) and (v > 0 or not geometric)]
     if not values:
         return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+    mean = math.exp(statistics.fmean(math.log(v) for v in values)) if geometric else statistics.fmean(values)
+    return mean, (statistics.stdev(values) if len(values) > 1 else None)
 
 
 def mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
@@ -364,7 +390,7 @@ def aggregate(per_seed: dict[int, dict]) -> dict:
         return {"error": next(iter(per_seed.values()))["error"], "seed_results": per_seed}
     out: dict = {"seeds": sorted(done), "failed_seeds": sorted(set(per_seed) - set(done))}
     finals = [r["final_eval_ppl"] for r in done.values()]
-    out["final_eval_ppl"], out["final_eval_ppl_sd"] = mean_sd(finals)
+    out["final_eval_ppl"], out["final_eval_ppl_sd"] = mean_sd(finals, geometric=True)
     out["final_eval_ppl_seeds"] = finals
     for key in TOTALS:
         values = [r.get(key) for r in done.values()]
@@ -421,7 +447,8 @@ def to_target(methods: dict[str, dict], initial_ppl: dict[int, float]) -> list[f
             entry = {}
             for field in TARGET_FIELDS:
                 values = [r[field] if r else None for r in reached]
-                entry[field] = mean_sd(values)[0]
+                # A seed that never reached the target (or lacks the field) leaves the mean undefined.
+                entry[field] = None if any(v is None for v in values) else mean_sd(values)[0]
                 entry[f"{field}_seeds"] = values
             m["to_target"][f"{target:g}"] = entry
     return targets
@@ -439,7 +466,7 @@ def seed_curves(m: dict) -> dict:
 def verdict(ratios: list[float]) -> str:
     """`better` / `worse` when the mean of the paired ratios differs from 1 by more than their spread (sample
     standard deviation over seeds), else `tie`; with one seed there is no spread to judge by."""
-    mean, sd = mean_sd(ratios)
+    mean, sd = mean_sd(ratios, geometric=True)
     if mean is None:
         return "-"
     if sd is None:
@@ -462,7 +489,7 @@ def compare(methods: dict[str, dict]) -> dict:
     }
     for name, m in done.items():
         m["ppl_at_equal_tokens_seeds"] = list(at_equal[name].values())
-        m["ppl_at_equal_tokens"], m["ppl_at_equal_tokens_sd"] = mean_sd(m["ppl_at_equal_tokens_seeds"])
+        m["ppl_at_equal_tokens"], m["ppl_at_equal_tokens_sd"] = mean_sd(m["ppl_at_equal_tokens_seeds"], geometric=True)
     for name, m in done.items():
         for ref in ("ddp", "diloco"):
             other = None if ref == name else done.get(ref)
@@ -470,7 +497,7 @@ def compare(methods: dict[str, dict]) -> dict:
             if other is not None:
                 paired = [ratio(at_equal[name][s], at_equal[ref][s]) for s in at_equal[name] if s in at_equal[ref]]
             m[f"ppl_vs_{ref}_seeds"] = paired
-            m[f"ppl_vs_{ref}"], m[f"ppl_vs_{ref}_sd"] = mean_sd(paired) if paired else (None, None)
+            m[f"ppl_vs_{ref}"], m[f"ppl_vs_{ref}_sd"] = mean_sd(paired, geometric=True) if paired else (None, None)
             m[f"ppl_vs_{ref}_verdict"] = verdict(paired) if paired else "-"
             m[f"bytes_vs_{ref}"] = ratio(m["comm_bytes"], other and other["comm_bytes"])
             m[f"measured_bytes_vs_{ref}"] = ratio(m["measured_bytes_sent"], other and other["measured_bytes_sent"])
@@ -556,6 +583,9 @@ def _ratio_cell(m: dict, ref: str) -> str | None:
     cell = plus_minus(m.get(f"ppl_vs_{ref}"), m.get(f"ppl_vs_{ref}_sd"), digits=3)
     if cell is None:
         return None
+    pairs, seeds = len(m.get(f"ppl_vs_{ref}_seeds", [])), len(m.get("seeds", []))
+    if seeds and pairs < seeds:  # a seed of either method failed: fewer pairs than seeds
+        cell += f" [n={pairs}/{seeds}]"
     return f"{cell} ({m[f'ppl_vs_{ref}_verdict']})" if m.get(f"ppl_vs_{ref}_verdict") not in (None, "-") else cell
 
 
@@ -591,10 +621,28 @@ def format_report(results: dict) -> str:
     if equal is not None:
         lines.append(
             f"\nppl@equal: eval perplexity interpolated at {equal:,} tokens (the smallest final token count of any "
-            "seed), mean ± sample standard deviation over seeds. ppl/ddp, ppl/diloco: ratios paired by seed, mean ± "
-            "sd; a mean within one sd of 1 is a tie. epochs: tokens / train-split tokens (most passes of any worker "
-            "over its own shard)."
+            "seed), geometric mean ± sample standard deviation over seeds. ppl/ddp, ppl/diloco: ratios paired by "
+            "seed, geometric mean ± sd; a mean within one sd of 1 is a tie. epochs: tokens / train-split tokens "
+            "(most passes of any worker over its own shard)."
         )
+    for name, m in results["methods"].items():
+        if "error" in m:
+            continue
+        if m.get("failed_seeds"):
+            lines.append(f"{name}: seed(s) {m['failed_seeds']} failed and are left out of its means")
+        if (m.get("epochs") or 0) > 1 or (m.get("max_worker_epochs") or 0) > 1:
+            lines.append(
+                f"WARNING {name}: {m['epochs']:.2f} epochs, a worker made {m['max_worker_epochs']:.2f} passes over "
+                "its shard: some samples were trained on twice"
+            )
+        matched = [r.get("tokens_per_round_vs_reference") for r in m.get("seed_results", {}).values()]
+        matched = [v for v in matched if v is not None]
+        if matched:
+            batches = sorted({r.get("matched_batch_size") for r in m["seed_results"].values()} - {None})
+            lines.append(
+                f"{name}: fixed batch {batches} per worker, tokens per round {min(matched):.3f}-{max(matched):.3f} x "
+                f"{METHODS[name]['matched_to']}'s (the batch is a whole number)"
+            )
     for name, target in results.get("targets", {}).items():
         value = "-" if target["value"] is None else f"{target['value']:.3f}"
         verdict_text = {True: "holds", False: "MISSED", None: "n/a"}[target["holds"]]
@@ -691,10 +739,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--fp16 needs --device cuda")
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
-    for name in args.methods:
-        reference = METHODS[name].get("matched_to")
-        if reference is not None and reference not in args.methods:
-            parser.error(f"--methods {name} takes its batch from {reference}'s run: add {reference} to --methods")
+    problem = check_matched(args.methods)
+    if problem:
+        parser.error(problem)
     return args
 
 
@@ -742,19 +789,25 @@ def main(argv: list[str] | None = None) -> dict:
             print(
                 f"--- run {done}/{runs}: {name}, seed {seed} ({time.perf_counter() - start:.0f}s so far)", flush=True
             )
-            matched = None
-            reference = METHODS[name].get("matched_to")
-            if reference is not None:
-                if "error" in per_seed[reference][seed]:
-                    per_seed[name][seed] = {"error": f"{reference} failed for seed {seed}"}
-                    continue
-                matched = matched_batch_size(per_seed[reference][seed], settings)
+            try:
+                matched = matched_for(
+                    name, {n: runs_of[seed] for n, runs_of in per_seed.items() if seed in runs_of}, settings
+                )
+            except ValueError as error:
+                per_seed[name][seed] = {"error": str(error)}
+                continue
             spec = method_spec(name, settings, output_dir, seed=seed, matched_batch_size=matched)
             result = run_method(name, spec, args.reuse)
             if "curve" in result:
                 for key in ("curve", "curve_bytes", "curve_best_instance"):
                     result[key].insert(0, [0, initial_ppl[seed]])
                 result["matched_batch_size"] = matched
+                reference = METHODS[name].get("matched_to")
+                if reference is not None:  # how close the integer batch came to the reference's tokens per round
+                    ours, theirs = result, per_seed[reference][seed]
+                    result["tokens_per_round_vs_reference"] = (ours["tokens"] / ours["rounds"]) / (
+                        theirs["tokens"] / theirs["rounds"]
+                    )
             per_seed[name][seed] = result
     methods = {name: aggregate(per_seed[name]) for name in args.methods}
     results = {

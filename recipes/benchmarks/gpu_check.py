@@ -7,8 +7,9 @@ even if an earlier one failed; its outcome is a row of the table):
 |---|---|---|
 | `cuda tests` | `pytest -m cuda` (fp16 with a real GradScaler and an overflow step, `max_batch_size="auto"`) | passed / failed |
 | `4 workers, gloo, fp16` | `convergence --device cuda --fp16 --methods diloco`: 4 workers share the GPU over gloo | tokens/s, final ppl, peak memory |
-| `1 worker, nccl, fp16, auto` | the same with one worker over NCCL and `max_batch_size="auto"` | found max batch, peak memory, tokens/s |
-| `4 workers / 1 worker` | tokens/s of the two runs above (the paper's claim: several workers sharing a GPU train faster) | ratio |
+| `1 worker, gloo, fp16` | the same with one worker (same per-worker batch) | tokens/s, final ppl, peak memory |
+| `4 workers / 1 worker` | tokens/s of the two runs above, same backend and batch (the paper's claim: several workers sharing a GPU train faster) | ratio |
+| `1 worker, nccl, fp16, auto` | one worker over NCCL with `max_batch_size="auto"` | found max batch, peak memory, tokens/s |
 | `overhead` | `overhead --device cuda --fp16 --quick`: AdLoCo's throughput against the plain Trainer on the GPU | throughput ratio |
 
     make gpu-check                                     # from the repository root; exits 1 when a step failed
@@ -29,7 +30,9 @@ import time
 from recipes.benchmarks._common import REPO, human_bytes, ratio, table, write_json
 
 
-STEPS = ("cuda tests", "4 workers, gloo, fp16", "1 worker, nccl, fp16, auto", "overhead")
+STEPS = ("cuda tests", "4 workers, gloo, fp16", "1 worker, gloo, fp16", "1 worker, nccl, fp16, auto", "overhead")
+# The training steps and their output folders.
+RUNS = {"4 workers, gloo, fp16": "gloo4", "1 worker, gloo, fp16": "gloo1", "1 worker, nccl, fp16, auto": "nccl1"}
 # A short run of MicroLlama's architecture (the CUDA quick profile of `convergence`), one seed, fixed batch.
 TRAIN = ["--device", "cuda", "--fp16", "--quick", "--seeds", "1", "--methods", "diloco", "--budget_tokens", "204800"]
 
@@ -41,6 +44,13 @@ def step_commands(output_dir: str) -> dict[str, list[str]]:
     return {
         "cuda tests": [python, "-m", "pytest", "-m", "cuda", "-q", "-rA", "tests"],
         "4 workers, gloo, fp16": [*convergence, "--output_dir", os.path.join(output_dir, "gloo4")],
+        "1 worker, gloo, fp16": [
+            *convergence,
+            "--output_dir",
+            os.path.join(output_dir, "gloo1"),
+            "--set",
+            "world_size=1",
+        ],
         "1 worker, nccl, fp16, auto": [
             *convergence,
             "--output_dir",
@@ -75,11 +85,14 @@ def pytest_counts(output: str) -> dict[str, int]:
 
 
 def diloco_result(folder: str) -> dict | None:
-    path = os.path.join(folder, "diloco", "seed-42", "result.json")
+    """The `diloco` run of a `convergence` output folder (its only seed), or None when it did not finish."""
+    path = os.path.join(folder, "results.json")
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        method = json.load(f)["methods"]["diloco"]
+    runs = [r for r in method.get("seed_results", {}).values() if "error" not in r]
+    return runs[0] if runs else None
 
 
 def summarise(outcomes: dict[str, dict], output_dir: str) -> list[dict]:
@@ -91,7 +104,7 @@ def summarise(outcomes: dict[str, dict], output_dir: str) -> list[dict]:
         ok = tests["code"] == 0 and counts.get("passed", 0) > 0
         rows.append({"step": "cuda tests", "ok": ok, "result": ", ".join(f"{v} {k}" for k, v in counts.items())})
     runs = {}
-    for step, folder in (("4 workers, gloo, fp16", "gloo4"), ("1 worker, nccl, fp16, auto", "nccl1")):
+    for step, folder in RUNS.items():
         if step not in outcomes:
             continue
         result = diloco_result(os.path.join(output_dir, folder))
@@ -105,8 +118,8 @@ def summarise(outcomes: dict[str, dict], output_dir: str) -> list[dict]:
         if folder == "nccl1":
             detail += f", max_batch_size auto -> {result.get('max_batch_size')}"
         rows.append({"step": step, "ok": outcomes[step]["code"] == 0, "result": detail})
-    if all(runs.get(s) for s in ("4 workers, gloo, fp16", "1 worker, nccl, fp16, auto")):
-        four, one = runs["4 workers, gloo, fp16"], runs["1 worker, nccl, fp16, auto"]
+    if all(runs.get(s) for s in ("4 workers, gloo, fp16", "1 worker, gloo, fp16")):
+        four, one = runs["4 workers, gloo, fp16"], runs["1 worker, gloo, fp16"]
         speedup = ratio(four["tokens_per_second"], one["tokens_per_second"])
         rows.append({"step": "4 workers / 1 worker", "ok": True, "result": f"tokens/s x {speedup:.2f}"})
     if "overhead" in outcomes:

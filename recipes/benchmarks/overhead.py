@@ -113,7 +113,7 @@ def settings_from(args: argparse.Namespace) -> dict:
         threads=args.threads,
         seed=42,
         learning_rate=1e-3,
-        data={"corpus": "builtin:python-docs", "vocab_size": 4096},
+        data={"corpus": "builtin:python-source", "vocab_size": 4096},
         cache_dir=os.path.abspath(args.cache_dir),
     )
     return settings
