@@ -1,13 +1,17 @@
-"""`recipes/benchmarks/links.py`: the address plan, the tc/ip commands, curves and targets, the results layout (fast);
-and one tiny launch over two rate-limited namespaces (slow, root only)."""
+"""`recipes/benchmarks/links.py` and its testbed `_testbed.py`: the address plan, the tc/ip commands, the teardown
+(with a fake `ip`), curves and targets, the results layout and the check (fast); and one tiny launch over two
+rate-limited namespaces (slow, root only)."""
 
 import math
+import os
+import signal
 import subprocess
+import threading
 
 import pytest
 
 from adloco_hf.testing import launch_command
-from recipes.benchmarks import links
+from recipes.benchmarks import _testbed, links
 
 
 # ---- the plan and the commands ----
@@ -124,14 +128,14 @@ def test_window_bytes_interpolates_the_timeline():
 
 
 # ---- results layout ----
-def fake_result(method, world=4, wall=10.0, tokens=1000, comm=1_000_000, ppl=(800.0, 300.0)):
+def fake_result(method, world=4, wall=10.0, tokens=1000, comm=1_000_000, ppl=(800.0, 300.0), parameters=1000):
     return {
         "method": method,
         "world_size": world,
         "wall_seconds": wall,
         "tokens": tokens,
         "comm_bytes": comm,
-        "parameters": 1000,
+        "parameters": parameters,
         "final_eval_ppl": ppl[-1],
         "comm_rounds": 2,
         "steps": 20,
@@ -149,12 +153,24 @@ def test_results_layout_checks_and_report(tmp_path):
     world = 4
     before = [{"tx": 10, "rx": 10}] * world
     bandwidths = {}
-    for method, wall, comm, sent in (("ddp", 30.0, 8_000_000, 2_100_000), ("diloco", 10.0, 400_000, 150_000)):
-        after = [{"tx": 10 + sent, "rx": 10 + sent}] * world
-        timeline = [[99.0, [0] * world, [0] * world], [200.0, [sent] * world, [sent] * world]]
+    # (method, wall, comm_bytes, parameters, bytes each worker sends in training, bytes each sends outside training)
+    cases = (
+        ("ddp", 30.0, 8_000_000, 1000, 2_000_000, 100_000),  # (8.0 M + 12 k) / 8.0 M: holds, diagnostics too
+        ("diloco", 10.0, 400_000, 10_000, 130_000, 50_000),  # 520 k / (400 k + 120 k) = 1.0; 1.3 without broadcast
+        ("adloco", 15.0, 400_000, 10_000, 200_000, 0),  # 800 k / 520 k: MISSED
+    )
+    for method, wall, comm, parameters, sent, extra in cases:
+        after = [{"tx": 10 + sent + extra, "rx": 10 + sent + extra}] * world
+        # Nothing is sent before training (100.0), `sent` during it, `extra` after it.
+        timeline = [
+            [99.0, [0] * world, [0] * world],
+            [100.0, [0] * world, [0] * world],
+            [100.0 + wall, [sent] * world, [sent] * world],
+            [200.0, [sent + extra] * world, [sent + extra] * world],
+        ]
         training = links.window_bytes(timeline, 100.0, 100.0 + wall)
         run = links.run_record(
-            fake_result(method, wall=wall, comm=comm),
+            fake_result(method, wall=wall, comm=comm, parameters=parameters),
             method=method,
             bandwidth="100mbit",
             rate_bits=100_000_000,
@@ -169,14 +185,20 @@ def test_results_layout_checks_and_report(tmp_path):
             launch_seconds=wall + 5,
         )
         bandwidths.setdefault("100mbit", {})[method] = run
-    ddp = bandwidths["100mbit"]["ddp"]
+    ddp, diloco = bandwidths["100mbit"]["ddp"], bandwidths["100mbit"]["diloco"]
     for key in ("wall_seconds", "link_bytes", "model_bytes", "tokens", "final_eval_ppl", "curve", "to_target"):
         assert key in ddp, key
     for key in ("world_size", "bandwidth_bits_per_second", "tbf", "folder", "timings"):
         assert key in ddp, key
     assert ddp["curve"][0] == [0.0, 0, 4000.0] and [len(p) for p in ddp["curve"]] == [3, 3, 3]
     assert ddp["link_bytes"] == 4 * 2_100_000 and ddp["link_bytes_per_worker"][0] == {"tx": 2_100_000, "rx": 2_100_000}
+    assert ddp["link_bytes_training"] == 4 * 2_000_000
     assert ddp["link_vs_model"] == pytest.approx(4 * 2_100_000 / 8_000_000)
+    # The start broadcast: (M - 1) x 4 bytes x parameters, from first principles.
+    assert ddp["broadcast_bytes_model"] == 3 * 4 * 1000 and diloco["broadcast_bytes_model"] == 3 * 4 * 10_000
+    assert diloco["model_bytes_with_broadcast"] == 520_000
+    assert diloco["link_training_vs_model_with_broadcast"] == pytest.approx(1.0)
+    assert diloco["link_training_vs_model"] == pytest.approx(1.3)
     assert ddp["model_comm_seconds"] == pytest.approx(8_000_000 / 4 * 8 / 1e8)
     assert ddp["tbf"] == {
         "rate_bits_per_second": 100_000_000,
@@ -190,19 +212,135 @@ def test_results_layout_checks_and_report(tmp_path):
     )
     checks = links.check_links(bandwidths)
     by_method = {c["method"]: c for c in checks}
-    assert by_method["ddp"]["link_holds"] is True  # 1.05
-    assert by_method["diloco"]["link_holds"] is False  # 1.5
+    # One criterion: training-window link bytes against the model including the start broadcast.
+    assert by_method["ddp"]["holds"] is True and by_method["ddp"]["ratio"] == pytest.approx(8e6 / 8_012_000)
+    assert by_method["diloco"]["holds"] is True  # although 1.3x comm_bytes alone: a diagnostic, not checked
+    assert by_method["diloco"]["diagnostics"]["link_training_vs_model"] == pytest.approx(1.3)
+    assert by_method["adloco"]["holds"] is False
+    assert "start broadcast" in by_method["ddp"]["criterion"] and "15%" in by_method["ddp"]["criterion"]
     results = {"bandwidths": bandwidths, "targets": targets, "checks": checks}
     report = links.format_report(results)
-    assert "100mbit |    ddp |" in report and "MISSED" in report and "ddp/diloco wall 3.00x" in report
-    assert "rendezvous" in report and "headers" in report
+    assert "100mbit |    ddp |" in report and "ddp/diloco wall 3.00x" in report
+    assert "rendezvous" in report and "headers" in report and "diagnostics only" in report
+    check_lines = [line for line in report.splitlines() if line.startswith("check ")]
+    assert len(check_lines) == 3
+    assert all(line.count("holds") + line.count("MISSED") == 1 for line in check_lines)
+    assert "MISSED" in check_lines[2] and "diagnostics, not checked" in check_lines[1]
+    assert "training-window link bytes / (model bytes + start broadcast) = 1.000" in check_lines[1]
 
 
-def test_a_machine_without_namespaces_is_skipped(monkeypatch, capsys):
+def test_a_machine_without_namespaces_is_skipped_without_changing_directory(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(links.os, "geteuid", lambda: 1000)
+    monkeypatch.chdir(tmp_path)
     assert "root" in links.unavailable_reason()
-    assert links.main(["--quick", "--prefix", "adlkx"]) == {"skipped": links.unavailable_reason()}
+    assert links.main(["--quick", "--prefix", "adlkx", "--output_dir", "out"]) == {
+        "skipped": links.unavailable_reason()
+    }
     assert capsys.readouterr().out.startswith("skipped: ")
+    assert os.getcwd() == str(tmp_path) and not (tmp_path / "out").exists()
+
+
+def test_a_matched_method_needs_its_reference():
+    with pytest.raises(SystemExit):
+        links.parse_args(["--methods", "ddp", "diloco_matched"])
+    args, _ = links.parse_args(["--methods", "adloco", "diloco_matched", "--quick"])
+    assert args.methods == ["adloco", "diloco_matched"] and args.bandwidth == ["100mbit"]
+
+
+# ---- teardown (a fake `ip`: no namespace is created or deleted) ----
+class FakeIp:
+    """Stands in for `_testbed._run`: records every command; `ip netns list` fails; `ip netns delete NS` answers
+    from `deletes` (`{namespace: (returncode, stderr)}`, default success)."""
+
+    def __init__(self, deletes=None):
+        self.commands: list[list[str]] = []
+        self.deletes = deletes or {}
+
+    def __call__(self, command, check=True):
+        command = list(command)
+        self.commands.append(command)
+        if command[:3] == ["ip", "netns", "list"]:
+            raise subprocess.CalledProcessError(1, command, stderr="ip: cannot list")
+        if command[:3] == ["ip", "netns", "delete"]:
+            code, err = self.deletes.get(command[3], (0, ""))
+            return subprocess.CompletedProcess(command, code, "", err)
+        return subprocess.CompletedProcess(command, 0, "", "")  # ip netns pids: no process; setup commands
+
+    def deleted(self) -> list[str]:
+        return [c[3] for c in self.commands if c[:3] == ["ip", "netns", "delete"]]
+
+
+def test_teardown_deletes_every_namespace_even_when_listing_fails(monkeypatch, capsys):
+    plan = links.LinkPlan(workers=3, prefix="adlkx")
+    absent = (1, 'Cannot remove namespace file "/run/netns/adlkx-w0": No such file or directory')
+    fake = FakeIp({"adlkx-w0": absent, "adlkx-w2": (1, "RTNETLINK answers: Operation not permitted")})
+    monkeypatch.setattr(_testbed, "_run", fake)
+    assert _testbed.existing_namespaces() is None  # the listing failed: unknown, not "none"
+    done = _testbed.teardown(plan)
+    assert fake.deleted() == plan.namespaces  # every namespace of the plan, listed or not
+    assert done.removed == ["adlkx-br", "adlkx-w1"]
+    assert list(done.failed) == ["adlkx-w2"] and "not permitted" in done.failed["adlkx-w2"]
+    err = capsys.readouterr().err
+    assert "adlkx-w2" in err and "adlkx-w0" not in err  # "does not exist" is not a failure
+    line = links.cleanup_line(plan, done)
+    assert "cannot tell" in line and "adlkx-w2 (RTNETLINK answers: Operation not permitted)" in line
+
+
+def test_teardown_survives_a_missing_ip(monkeypatch, capsys):
+    def missing(command, check=True):
+        raise FileNotFoundError(2, "No such file or directory", "ip")
+
+    monkeypatch.setattr(_testbed, "_run", missing)
+    done = _testbed.teardown(links.LinkPlan(workers=1, prefix="adlkx"))
+    assert done.removed == [] and sorted(done.failed) == ["adlkx-br", "adlkx-w0"]
+    assert "FileNotFoundError" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals: main thread only")
+def test_testbed_ignores_signals_while_it_tears_down_and_restores_the_handlers(monkeypatch):
+    plan = links.LinkPlan(workers=2, prefix="adlkx")
+    fake = FakeIp()
+    monkeypatch.setattr(_testbed, "_run", fake)
+    monkeypatch.setattr(_testbed, "unavailable_reason", lambda: None)
+    watched = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    original = {sig: signal.getsignal(sig) for sig in watched}
+    seen = []
+    real_teardown = _testbed.teardown
+
+    def teardown(p):
+        seen.append({sig: signal.getsignal(sig) for sig in watched})
+        if len(seen) == 2:  # the final teardown: a second SIGTERM and SIGHUP arrive halfway and change nothing
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGHUP)
+        return real_teardown(p)
+
+    monkeypatch.setattr(_testbed, "teardown", teardown)
+    with _testbed.Testbed(plan) as testbed:
+        assert signal.getsignal(signal.SIGTERM) == _testbed.Testbed._on_signal
+        assert signal.getsignal(signal.SIGINT) == original[signal.SIGINT]
+    assert len(seen) == 2  # leftovers before the start, the testbed at the end
+    assert all(handler == signal.SIG_IGN for during in seen for handler in during.values())
+    assert {sig: signal.getsignal(sig) for sig in watched} == original
+    assert testbed.teardown is not None and testbed.teardown.removed == plan.namespaces
+    assert fake.deleted() == plan.namespaces * 2
+
+
+def test_a_failed_setup_still_tears_down_with_signals_ignored(monkeypatch):
+    plan = links.LinkPlan(workers=1, prefix="adlkx")
+    fake = FakeIp()
+
+    def failing(command, check=True):
+        if command[:4] == ["ip", "-n", "adlkx-br", "link"]:
+            return subprocess.CompletedProcess(command, 2, "", "RTNETLINK answers: no bridge here")
+        return fake(command, check)
+
+    monkeypatch.setattr(_testbed, "_run", failing)
+    monkeypatch.setattr(_testbed, "unavailable_reason", lambda: None)
+    original = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(links.NamespacesUnavailable, match="no bridge here"):
+        with _testbed.Testbed(plan):
+            pass
+    assert fake.deleted() == plan.namespaces * 2 and signal.getsignal(signal.SIGTERM) == original
 
 
 # ---- a real launch over two namespaces ----
