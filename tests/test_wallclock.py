@@ -1,4 +1,4 @@
-"""The wall-clock model of `recipes/benchmarks/wallclock.py`: its formulas on hand-computed cases (fast, no torch)."""
+"""The wall-clock model of `recipes/benchmarks/wallclock/`: its formulas on hand-computed cases (fast, no torch)."""
 
 import json
 
@@ -204,3 +204,54 @@ def test_validation_errors_from_a_links_results_file(tmp_path):
     assert calibrated[1e7]["predicted_seconds"] == pytest.approx(expected)
     assert calibrated[1e7]["relative_error"] == pytest.approx((expected - 2.5) / 2.5)
     assert "calibration" in wc.format_validation(list(calibrated.values()))
+
+
+def test_run_resolves_convergence_seed_folders(tmp_path, monkeypatch, capsys):
+    from recipes.benchmarks.wallclock.__main__ import main
+
+    method = tmp_path / "ddp"
+    method.mkdir()
+    _ddp_folder(method / "seed-10")
+    _ddp_folder(method / "seed-3", world=4)
+    assert wc.resolve_run_folder(str(method)) == str(method / "seed-3")  # by seed, numerically
+    assert wc.resolve_run_folder(str(method), 10) == str(method / "seed-10")
+    assert wc.resolve_run_folder(str(method), 7) is None
+    assert wc.resolve_run_folder(str(method / "seed-10")) == str(method / "seed-10")  # a run folder given directly
+    monkeypatch.chdir(tmp_path)  # main() changes to the repository root; restored after the test
+    common = ["--run", str(method), "--step_seconds", "2=0.2", "--output_dir", str(tmp_path / "out")]
+    replay = main(common)
+    assert "(seed 3)" in capsys.readouterr().out
+    assert replay["seed"] == "3" and replay["facts"]["world_size"] == 4
+    replay = main([*common, "--seed", "10"])
+    assert "(seed 10)" in capsys.readouterr().out
+    assert replay["run"] == str(method / "seed-10") and replay["facts"]["world_size"] == 2
+    assert json.loads((tmp_path / "out" / "replay.json").read_text())["seed"] == "10"
+    with pytest.raises(SystemExit, match="seed-7"):
+        main([*common, "--seed", "7"])
+
+
+def test_calibration_refuses_a_run_faster_than_its_predicted_communication(tmp_path):
+    folder = _ddp_folder(tmp_path / "ddp")
+    # 10 kbit/s: the 4000 B broadcast and 10 all-reduces of 2 × 2000 B alone take about 35 s, measured 3 s.
+    entry = {"method": "ddp", "bandwidth_bits_per_second": 1e4, "wall_seconds": 3.0, "folder": folder}
+    with pytest.raises(ValueError, match="predicted communication .* is not below the measured wall time"):
+        wc.validate({"ddp": entry}, wc.DeviceProfile({2: 0.2}), latency=1e-3, calibrate="highest")
+    assert wc.validate({"ddp": entry}, wc.DeviceProfile({2: 0.2}), latency=1e-3)[0]["role"] == "prediction"
+
+
+def test_measured_ratios_skip_failed_methods():
+    curve = [[0, 1000.0], [100, 100.0], [200, 50.0]]
+    convergence = {
+        "methods": {
+            "ddp": {"curve": curve},
+            "diloco": {"curve": [[0, 1000.0], [200, 100.0], [400, 60.0]]},
+            "adloco": {"error": "exit 1", "seed_results": {}},
+        }
+    }
+    info = wc.measured_ratios(convergence)
+    assert info["target_ppl"] == 60.0  # the worst of the best perplexities
+    assert set(info["ratios"]) == {"ddp", "diloco"} and info["skipped"] == {"adloco": "exit 1"}
+    assert info["ratios"]["diloco"] == pytest.approx(400 / wc.tokens_to_target(curve, 60.0))
+    convergence["methods"]["ddp"] = {"error": "exit 1"}
+    with pytest.raises(ValueError, match="no ddp run"):
+        wc.measured_ratios(convergence)

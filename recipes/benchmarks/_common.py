@@ -31,12 +31,20 @@ __all__ = [
     "ratio",
     "ring_all_reduce_bytes",
     "socket_bytes_sent",
+    "start_broadcast_bytes",
     "table",
     "write_json",
 ]
 
 # The repository root: benchmarks run their workers from it, with it on PYTHONPATH.
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def start_broadcast_bytes(world_size: int, parameters: int, dtype_bytes: int = 4) -> int:
+    """Bytes of the broadcast at the start of a run: rank 0 sends its weights to every other worker once (DDP's
+    module sync, AdLoCo's initialisation), `(world_size − 1) × parameters × dtype_bytes`."""
+    return max(world_size - 1, 0) * parameters * dtype_bytes
+
 
 _PID = re.compile(r"pid=(\d+)")
 _BYTES_SENT = re.compile(r"\bbytes_sent:(\d+)")

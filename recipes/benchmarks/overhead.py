@@ -25,7 +25,7 @@ Reported (`results.json`, and a table):
 - `step_profile` (optional, `--step_profile 1 2 4 8 16`): seconds of one forward/backward of b sequences per
   micro-batch size b, of one optimizer step (gradient clipping, AdamW, zero_grad) and of an outer step's local work,
   measured in a bare loop (no Trainer) by `--step_profile_processes` concurrent processes (the median over them), so
-  that 4 workers sharing 2 cores can be measured under the same contention. `wallclock.py` reads it as its device
+  that 4 workers sharing 2 cores can be measured under the same contention. `recipes.benchmarks.wallclock` reads it as its device
   profile.
 
     python -m recipes.benchmarks.overhead --quick          # from the repository root; < 5 minutes on 2 CPU cores
@@ -292,7 +292,7 @@ def _profile_process(job: dict) -> dict:
 def measure_step_profile(
     settings: dict, vocab_size: int, sizes: list[int], processes: int, repeats: int, trainer_batch: int | None = None
 ) -> dict:
-    """The device profile `wallclock.py` replays runs with, from `processes` concurrent processes (median over them).
+    """The device profile `recipes.benchmarks.wallclock` replays runs with, from `processes` concurrent processes (median over them).
 
     Each process runs `settings["threads"]` torch threads; the processes start together and interleave the sizes, so
     they contend for the cores as the workers of one launch do. With `trainer_batch` (one of `sizes`), each process

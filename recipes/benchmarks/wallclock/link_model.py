@@ -1,0 +1,203 @@
+"""Devices and links: a device profile (step time by micro-batch size) and the time of every message pattern the
+library sends (point-to-point transfers, ring all-reduces, broadcasts, small control collectives, merges)."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from adloco_hf.instances import MergePlan, plan_transfers
+from adloco_hf.outer import BUCKET_NUMEL
+
+
+OUTER_BUCKET_NUMEL = BUCKET_NUMEL  # elements per bucket of the outer step's all-reduce
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb
+DDP_FIRST_BUCKET_BYTES = 2**20  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
+
+
+@dataclass(frozen=True)
+class Link:
+    """Every worker's own link: bandwidth in bits/s each way, latency per message in seconds."""
+
+    bandwidth_bits_per_second: float
+    latency_seconds: float = 1e-4
+    efficiency: float = 1.0  # payload bytes per byte on the wire (TCP/IP over Ethernet, MTU 1500: 1448/1514)
+
+    def seconds(self, nbytes: float) -> float:
+        """Serialisation time of `nbytes` of payload on the link (no latency)."""
+        return 8.0 * nbytes / (self.bandwidth_bits_per_second * self.efficiency)
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Step time as a function of the micro-batch size.
+
+    Attributes:
+        micro_batch_seconds: {b: seconds of one forward/backward of b sequences}; piecewise linear in between,
+            linear beyond the ends (through the two nearest points; through the origin with a single point).
+        optimizer_seconds: one optimizer step (clipping, AdamW, zero_grad), once per inner step.
+        step_overhead_seconds: other per-step work (data loading, the Trainer's bookkeeping).
+        outer_seconds: an outer step's local work (pseudo-gradient, outer SGD, θ ← φ), once per round.
+        startup_seconds: fixed time at the start of a run, before the first step.
+    """
+
+    micro_batch_seconds: dict[int, float]
+    optimizer_seconds: float = 0.0
+    step_overhead_seconds: float = 0.0
+    outer_seconds: float = 0.0
+    startup_seconds: float = 0.0
+    source: str = ""
+
+    def __post_init__(self):
+        if not self.micro_batch_seconds:
+            raise ValueError("a device profile needs at least one micro-batch size")
+        object.__setattr__(
+            self, "micro_batch_seconds", {int(b): float(s) for b, s in sorted(self.micro_batch_seconds.items())}
+        )
+
+    def forward_backward_seconds(self, b: int) -> float:
+        points = sorted(self.micro_batch_seconds.items())
+        if len(points) == 1:
+            (b0, s0) = points[0]
+            return s0 * b / b0
+        if b <= points[0][0]:
+            (x0, y0), (x1, y1) = points[0], points[1]
+        elif b >= points[-1][0]:
+            (x0, y0), (x1, y1) = points[-2], points[-1]
+        else:
+            (x0, y0), (x1, y1) = next((p, q) for p, q in zip(points, points[1:]) if p[0] <= b <= q[0])
+        return max(0.0, y0 + (y1 - y0) * (b - x0) / (x1 - x0))
+
+    def step_seconds(self, chunks: Sequence[int]) -> float:
+        """One inner step whose batch runs as these micro-batches, then one optimizer step."""
+        return (
+            sum(self.forward_backward_seconds(c) for c in chunks) + self.optimizer_seconds + self.step_overhead_seconds
+        )
+
+    def scaled(self, factor: float) -> "DeviceProfile":
+        """Every compute time × `factor` (the startup time too)."""
+        return replace(
+            self,
+            micro_batch_seconds={b: s * factor for b, s in self.micro_batch_seconds.items()},
+            optimizer_seconds=self.optimizer_seconds * factor,
+            step_overhead_seconds=self.step_overhead_seconds * factor,
+            outer_seconds=self.outer_seconds * factor,
+            startup_seconds=self.startup_seconds * factor,
+            source=f"{self.source} × {factor:.4g}",
+        )
+
+    @classmethod
+    def from_json(cls, obj: dict, source: str = "") -> "DeviceProfile":
+        """From `overhead.py`'s results.json (its `step_profile`) or a profile dict with the same keys."""
+        obj = obj.get("step_profile", obj)
+        return cls(
+            micro_batch_seconds={int(b): float(s) for b, s in obj["micro_batch_seconds"].items()},
+            optimizer_seconds=float(obj.get("optimizer_seconds", 0.0)),
+            step_overhead_seconds=float(obj.get("step_overhead_seconds", 0.0)),
+            outer_seconds=float(obj.get("outer_seconds", 0.0)),
+            startup_seconds=float(obj.get("startup_seconds", 0.0)),
+            source=source,
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "micro_batch_seconds": {str(b): s for b, s in self.micro_batch_seconds.items()},
+            "optimizer_seconds": self.optimizer_seconds,
+            "step_overhead_seconds": self.step_overhead_seconds,
+            "outer_seconds": self.outer_seconds,
+            "startup_seconds": self.startup_seconds,
+            "source": self.source,
+        }
+
+
+def transfer_seconds(nbytes: float, link: Link) -> float:
+    """One point-to-point message: latency + bytes / bandwidth."""
+    return link.latency_seconds + link.seconds(nbytes)
+
+
+def _buckets(payload_bytes: float, bucket_bytes: float | None, first_bucket_bytes: float | None = None) -> list:
+    if payload_bytes <= 0:
+        return []
+    sizes, left = [], float(payload_bytes)
+    if first_bucket_bytes:
+        sizes.append(min(left, first_bucket_bytes))
+        left -= sizes[-1]
+    while left > 0:
+        sizes.append(min(left, bucket_bytes) if bucket_bytes else left)
+        left -= sizes[-1]
+    return sizes
+
+
+def ring_all_reduce_seconds(
+    payload_bytes: float,
+    workers: int,
+    link: Link,
+    bucket_bytes: float | None = None,
+    first_bucket_bytes: float | None = None,
+) -> float:
+    """Ring all-reduce of `payload_bytes` per worker over `workers` links: per bucket 2 (M − 1) steps, each
+    `latency + (bucket / M) / bandwidth` (reduce-scatter, then all-gather); 0 for one worker."""
+    if workers <= 1:
+        return 0.0
+    steps = 2 * (workers - 1)
+    return sum(
+        steps * (link.latency_seconds + link.seconds(size / workers))
+        for size in _buckets(payload_bytes, bucket_bytes, first_bucket_bytes)
+    )
+
+
+def broadcast_seconds(nbytes: float, workers: int, link: Link, algorithm: str = "one_to_all") -> float:
+    """`nbytes` from one rank to the `workers` − 1 others: over the root's link one copy after the other
+    (`one_to_all`, gloo), or pipelined along a chain (`pipelined`, NCCL: bytes once, plus a latency per hop)."""
+    if workers <= 1 or nbytes <= 0:
+        return 0.0
+    if algorithm == "one_to_all":
+        return link.latency_seconds + (workers - 1) * link.seconds(nbytes)
+    if algorithm == "pipelined":
+        return (workers - 1) * link.latency_seconds + link.seconds(nbytes)
+    raise ValueError(f"unknown broadcast algorithm {algorithm!r}")
+
+
+def control_seconds(workers: int, link: Link, collectives: int = 2) -> float:
+    """Small collectives over all workers (a barrier, an all-gather of a few numbers): (W − 1) latencies each."""
+    return collectives * max(workers - 1, 0) * link.latency_seconds
+
+
+def sequential_messages_seconds(messages: Sequence[tuple[int, int, Sequence[float]]], link: Link) -> float:
+    """Blocking point-to-point messages `(src, dst, [tensor bytes, ...])`, every rank taking its part in this order.
+
+    A message starts once both its ends are free and keeps both busy until its last tensor has arrived (one latency
+    per tensor); messages between disjoint ranks overlap. Returns the time until the last one ends.
+    """
+    free: dict[int, float] = {}
+    end = 0.0
+    for src, dst, tensors in messages:
+        start = max(free.get(src, 0.0), free.get(dst, 0.0))
+        finish = start + sum(transfer_seconds(b, link) for b in tensors)
+        free[src] = free[dst] = finish
+        end = max(end, finish)
+    return end
+
+
+def merge_messages(
+    plan: MergePlan, *, numel: int, with_momentum: bool, inner_state_bytes: float, save: bool = False
+) -> list[tuple[str, int, int, list[float]]]:
+    """The messages of a merge as `merging.execute_merge` sends them: `(kind, src, dst, [tensor bytes])`.
+
+    `merge_input` and `global`: φ (fp32) and, with outer momentum, the momentum (fp32), two sends; `inner`: the inner
+    optimizer's state dict (its length, then its bytes); `save`: the merged φ to the writing rank.
+    """
+    phi = 4.0 * numel
+    out = []
+    for t in plan_transfers(plan, writer_rank=0, save=save):
+        if t.kind in ("merge_input", "global"):
+            tensors = [phi, phi] if with_momentum else [phi]
+        elif t.kind == "inner":
+            tensors = [8.0, inner_state_bytes]
+        else:
+            tensors = [phi]
+        out.append((t.kind, t.src, t.dst, tensors))
+    return out
+
+
+def mbit(bits: float) -> str:
+    """A bandwidth in bits/s as `100 Mbit/s` or `10 Gbit/s`."""
+    return f"{bits / 1e6:g} Mbit/s" if bits < 1e9 else f"{bits / 1e9:g} Gbit/s"
