@@ -281,6 +281,9 @@ def test_seeds_are_averaged_and_ratios_paired_by_seed():
     assert ddp["final_eval_ppl_sd"] == pytest.approx(math.sqrt(50.0))
     # The mean curve averages log-perplexity: the geometric mean of the seeds.
     assert convergence.interpolate_curve(ddp["curve"], 1000) == pytest.approx(math.sqrt(50.0 * 60.0))
+    # Bytes repeat (rounds that send nothing): that curve is averaged evaluation by evaluation.
+    by_index = convergence.mean_curve_by_index([[[0, 100.0], [0, 50.0], [10, 20.0]], [[0, 400.0], [2, 50.0]]])
+    assert by_index == [[0, pytest.approx(200.0)], [1, pytest.approx(50.0)]]
     methods = {"ddp": ddp, "diloco": diloco}
     convergence.compare(methods)
     # Paired by seed: 1.1 and 1.1 -> a clear loss with no spread between seeds, although the unpaired spread of

@@ -381,6 +381,17 @@ def mean_curve(curves: list[list[list[float]]]) -> list[list[float]]:
     return out
 
 
+def mean_curve_by_index(curves: list[list[list[float]]]) -> list[list[float]]:
+    """The seeds' curves averaged point by point: the i-th evaluation of every seed (the same round count), its x
+    averaged and its perplexity averaged in log, over the points all seeds have. For curves whose x repeats (bytes:
+    rounds that send nothing), where averaging at equal x is undefined."""
+    count = min(len(c) for c in curves)
+    return [
+        [statistics.fmean(c[i][0] for c in curves), math.exp(statistics.fmean(math.log(c[i][1]) for c in curves))]
+        for i in range(count)
+    ]
+
+
 def aggregate(per_seed: dict[int, dict]) -> dict:
     """One method over its seeds: the means (`final_eval_ppl`, `tokens`, `epochs`, `inner_steps`, `comm_rounds`,
     `comm_bytes`, `wall_seconds`, ...), the per-seed values (`*_seeds`), the mean curves and every seed's result
@@ -400,7 +411,8 @@ def aggregate(per_seed: dict[int, dict]) -> dict:
     out["max_worker_epochs"] = max((r.get("max_worker_epochs") or 0.0) for r in done.values())
     for key in ("curve", "curve_bytes", "curve_best_instance"):
         if all(key in r for r in done.values()):
-            out[key] = mean_curve([r[key] for r in done.values()])
+            average = mean_curve_by_index if key == "curve_bytes" else mean_curve
+            out[key] = average([r[key] for r in done.values()])
     first = next(iter(done.values()))
     out["batch_sizes"] = first.get("batch_sizes")
     out["rounds"] = mean_sd([r.get("rounds") for r in done.values()])[0]
