@@ -99,3 +99,21 @@ def run_workers(fn, world_size: int, out_dir, *, timeout: float = 120.0) -> list
                 process.kill()
                 process.join()
     return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+
+
+def cached_runs(fn, tmp_path_factory, name: str):
+    """`get(world_size)`: [`run_workers`] of `fn`, spawned once per world size and shared by a module's tests (a
+    failed spawn is kept too, so every test of that world size reports the same failure)."""
+    cache = {}
+
+    def get(world_size: int) -> list:
+        if world_size not in cache:
+            try:
+                cache[world_size] = run_workers(fn, world_size, tmp_path_factory.mktemp(f"{name}{world_size}"))
+            except Exception as error:
+                cache[world_size] = error
+        if isinstance(cache[world_size], Exception):
+            raise cache[world_size]
+        return cache[world_size]
+
+    return get

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from distributed_helpers import run_workers
+from distributed_helpers import cached_runs
 
 from adloco_hf.compressed_ring import ring_all_reduce_mean, ring_bytes_sent, ring_chunks, ring_error_bound
 from adloco_hf.compression import ErrorFeedback, wire_bytes
@@ -74,19 +74,7 @@ def ring_worker(rank: int, world_size: int) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """`runs(world_size)`: every worker's record, in rank order (one spawn per world size, shared by the tests)."""
-    cache = {}
-
-    def get(world_size: int) -> list[dict]:
-        if world_size not in cache:
-            try:
-                cache[world_size] = run_workers(ring_worker, world_size, tmp_path_factory.mktemp(f"ring{world_size}"))
-            except Exception as error:  # spawn once: the other tests of this world size report the same failure
-                cache[world_size] = error
-        if isinstance(cache[world_size], Exception):
-            raise cache[world_size]
-        return cache[world_size]
-
-    return get
+    return cached_runs(ring_worker, tmp_path_factory, "ring")
 
 
 def _check_mean(records: list[dict], bits: int, block_size: int) -> float:

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from distributed_helpers import run_workers
+from distributed_helpers import cached_runs
 
 from adloco_hf import outer
 from adloco_hf.distributed import ProcessGroupCache
@@ -172,21 +172,7 @@ def outer_worker(rank: int, world_size: int) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """`runs(world_size)`: every worker's record, in rank order (one spawn per world size, shared by the tests)."""
-    cache = {}
-
-    def get(world_size: int) -> list[dict]:
-        if world_size not in cache:
-            try:
-                cache[world_size] = run_workers(
-                    outer_worker, world_size, tmp_path_factory.mktemp(f"outer{world_size}")
-                )
-            except Exception as error:  # spawn once: the other tests of this world size report the same failure
-                cache[world_size] = error
-        if isinstance(cache[world_size], Exception):
-            raise cache[world_size]
-        return cache[world_size]
-
-    return get
+    return cached_runs(outer_worker, tmp_path_factory, "outer")
 
 
 def _sgd_reference(phi0, thetas_per_round, *, lr, momentum, nesterov):
