@@ -198,6 +198,7 @@ class PooledStatistics:
         samples: B, the samples of the instance's statistics step (all its workers).
         dof: degrees of freedom of the estimators.
         workers: workers that contributed.
+        signal: the unbiased estimate of ‖∇F‖² before the clamp (may be ≤ 0; `batch_controller` smooths it).
     """
 
     variance: float
@@ -208,6 +209,7 @@ class PooledStatistics:
     samples: float
     dof: float
     workers: int
+    signal: float = math.nan
 
 
 def pool_statistics(stats: Sequence[GradientStatistics]) -> PooledStatistics:
@@ -226,7 +228,8 @@ def pool_statistics(stats: Sequence[GradientStatistics]) -> PooledStatistics:
     variance = sum(s.variance_sum for s in valid) / dof
     noise = max(variance, 0.0)  # round-off can make tr Σ̂ slightly negative when the noise is tiny
     samples = sum(s.samples for s in valid)
-    true_sq = max(sum(s.grad_sq_norm - noise / s.samples for s in valid) / len(valid), 0.0)
+    signal = sum(s.grad_sq_norm - noise / s.samples for s in valid) / len(valid)
+    true_sq = max(signal, 0.0)
     return PooledStatistics(
         variance=variance,
         ip_variance=sum(s.inner_product_sum for s in valid) / dof,
@@ -236,6 +239,7 @@ def pool_statistics(stats: Sequence[GradientStatistics]) -> PooledStatistics:
         samples=samples,
         dof=dof,
         workers=len(valid),
+        signal=signal,
     )
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
+from .batch_controller import BATCH_SIZE_TARGETS, NONPOSITIVE_SIGNAL
 from .batch_size import BATCH_SIZE_TESTS
 from .compat import (
     has_distributed_accelerator,
@@ -19,9 +20,12 @@ from .lr_scaling import LR_SCALING_RULES
 __all__ = ["AdLoCoConfig"]
 
 MERGE_POLICIES = ("smallest_pair", "largest_smallest")
+MERGE_TRANSPORTS = ("all_reduce", "point_to_point")  # the same as merging.MERGE_TRANSPORTS (config imports no torch)
+MERGE_BATCH_RULES = ("preserve_total", "paper")  # the same as instances.MERGE_BATCH_RULES (config imports no torch)
 INSTANCE_INITS = ("shared", "independent")
 PSEUDO_GRAD_DTYPES = ("float32", "bfloat16", "float16")
 OUTER_STATE_DEVICES = ("device", "cpu")
+PSEUDO_GRAD_COMPRESSIONS = ("none", "int8", "int4")
 # What `max_batch_size="auto"` means without CUDA: CPU memory is rarely the limit for the small models trained there,
 # and the micro-batch then only trades speed for memory.
 CPU_AUTO_MAX_BATCH_SIZE = 32
@@ -56,6 +60,23 @@ class AdLoCoConfig(TrainingArguments):
         outer_state_device (`str`, *optional*, defaults to `"device"`):
             Where the float32 global weights and outer momentum live: `"device"` (fast) or `"cpu"` (saves 2×
             float32 parameters of accelerator memory).
+        pseudo_grad_compression (`str`, *optional*, defaults to `"none"`):
+            `"int8"` or `"int4"` send the pseudo-gradient as 8- or 4-bit blocks (one float32 scale per
+            `compression_block_size` values) around a ring that re-quantizes partial sums: 0.51× or 0.26× the bytes
+            of bfloat16. Each worker keeps what quantization dropped (error feedback) and adds it to its next
+            round's pseudo-gradient; the residual is saved in checkpoints. `"none"` all-reduces in
+            `pseudo_grad_dtype`, which compression replaces.
+        compression_block_size (`int`, *optional*, defaults to `256`):
+            Values per scale of `pseudo_grad_compression` (even, >= 2).
+        outer_overlap (`bool`, *optional*, defaults to `False`):
+            Overlap the pseudo-gradient all-reduce of round r with the inner steps of round r + 1 (eager updates,
+            Kale et al., 2025): each worker applies its own fresh pseudo-gradient at once (weighted by
+            `outer_overlap_local_weight`) in place of its stale share, and the instance's average one round late.
+            Communication is hidden behind a round of compute.
+        outer_overlap_local_weight (`float`, *optional*, defaults to `1.0`):
+            λ, the weight of a worker's own fresh pseudo-gradient in its overlapped outer step: 1 keeps all of the
+            worker's own progress and takes the others' one round late (measured best: see the README's
+            communication table); None is 1 / M, the eager update of Kale et al. (2025).
 
         > Parameters that control the instances (multi-instance training)
 
@@ -66,6 +87,14 @@ class AdLoCoConfig(TrainingArguments):
         merge_policy (`str`, *optional*, defaults to `"smallest_pair"`):
             `"smallest_pair"` merges the two instances with the smallest demand (batch × workers, the paper's
             policy); `"largest_smallest"` merges the largest with the smallest.
+        merge_transport (`str`, *optional*, defaults to `"all_reduce"`):
+            How a merge travels, with P = φ and outer momentum in float32 (8 bytes per trainable parameter):
+            `"all_reduce"`: one weighted all-reduce over the workers of both merging instances (each adds its
+            instance's merge weight / its number of workers × its φ and momentum), a broadcast of an instance's
+            state to each worker that moves into it from elsewhere, every worker keeping its own AdamW state;
+            2 (n − 1) P bytes over the n workers of the merge, ≤ 3 P of link time. `"point_to_point"`: blocking
+            sends in one order, which also hand the first worker's AdamW state to each worker that joins an
+            instance; ≈ n P of link time on the survivor's first worker, plus ≈ P per joining worker.
         instance_init (`str`, *optional*, defaults to `"shared"`):
             `"shared"`: all instances start from the same weights; `"independent"`: instance i is re-initialised
             with seed `seed + i`.
@@ -76,6 +105,15 @@ class AdLoCoConfig(TrainingArguments):
             `PeftModel.from_pretrained`); with `True` the adapter fused into its base (`merge_and_unload`, on a CPU
             copy) is also saved to `{output_dir}/merged-full/`, loadable with `AutoModelForCausalLM` alone, and
             pushed to the repo's `merged-full/`. No effect for a model without an adapter.
+        eval_merged_model (`bool`, *optional*, defaults to `False`):
+            While several instances train, every evaluation also evaluates the model the final merge would produce
+            at that point (the instances' global weights averaged with the final merge's weights) and logs it as
+            `eval_merged_loss` / `eval_merged_perplexity` (and an `instance: "merged"` line with `final: false` in
+            `adloco_eval.jsonl`). The top-level `eval_loss` is only the demand-weighted mean of the instances'
+            losses, which no single model achieves. Costs per evaluation: one float32 all-reduce of the trainable
+            weights over all workers (not counted in `comm_bytes`), a pass of every worker over 1 / P of the eval
+            set, and a float32 copy of the weights plus a copy of the trainable parameters in memory while it runs.
+            Training is unaffected: each worker's parameters are restored exactly afterwards.
 
         > Parameters that control the batch size (adaptive batching and switch mode)
 
@@ -92,15 +130,40 @@ class AdLoCoConfig(TrainingArguments):
             `CPU_AUTO_MAX_BATCH_SIZE` (32).
         batch_size_cap (`int`, *optional*):
             Upper bound on the per-worker request (default: unbounded, but never more than a worker's data shard).
+        batch_size_smoothing (`float`, *optional*, defaults to `0.0`):
+            β in [0, 1) of the moving averages across rounds of tr Σ̂ and ‖∇F‖² (kept separately; the norm test
+            reads their ratio). `0` uses each round's statistics alone (the paper).
+        nonpositive_signal (`str`, *optional*, defaults to `"clamp"`):
+            What the norm test does when the (smoothed) estimate of ‖∇F‖² is ≤ 0: `"keep"` the request, or
+            `"clamp"` the estimate at 0 (the paper: a jump to B / η²).
+        batch_size_shrink (`bool`, *optional*, defaults to `False`):
+            Let a request fall, when the test asks for less than `shrink_hysteresis` × it (never below
+            `batch_size_floor`). The paper's requests never shrink.
+        shrink_hysteresis (`float`, *optional*, defaults to `0.5`):
+            See `batch_size_shrink`; in (0, 1].
+        batch_size_floor (`int`, *optional*):
+            The smallest request shrinking may reach (default: `per_device_train_batch_size`).
+        batch_size_target (`str`, *optional*, defaults to `"test"`):
+            `"test"`: the request is the norm test's; `"noise_scale"`: `noise_scale_multiple` × the estimated
+            noise scale tr Σ / ‖∇F‖² (the norm test's own fixed point is (1 − η²) / η² of it, 0.56 at η = 0.8).
+        noise_scale_multiple (`float`, *optional*, defaults to `1.0`):
+            See `batch_size_target`.
+        merge_batch_rule (`str`, *optional*, defaults to `"paper"`):
+            `"paper"`: a merged instance keeps its per-worker request while gaining workers (its total grows);
+            `"preserve_total"`: every instance keeps its total batch across a merge (per-worker ⌈total / workers⌉),
+            and demand and merge weights count the samples actually processed in the round.
         switch_threshold (`float`, *optional*, defaults to `2.0`):
             γ ≥ 1 of switch mode: gradient accumulation starts once the request exceeds γ × `max_batch_size`;
             between `max_batch_size` and that, the request is capped at `max_batch_size`.
         lr_batch_scaling (`str`, *optional*, defaults to `"none"`):
             How the inner learning rate follows the batch a worker really uses, relative to
             `per_device_train_batch_size`: `"none"` (the paper), `"sqrt"` (× √(b / b₀), the rule for AdamW: a
-            batch that grew then buys as much progress per token as before, in fewer steps and rounds) or
-            `"linear"` (× b / b₀, the rule for SGD). Needs a `LambdaLR` schedule (every `lr_scheduler_type` but
-            `"reduce_lr_on_plateau"` and `"greedy"`).
+            batch that grew then buys as much progress per token as before, in fewer steps and rounds),
+            `"sqrt_adam"` (Malladi et al.'s whole square-root rule for Adam/AdamW, κ = b / b₀: lr × √κ,
+            1 − β₁ and 1 − β₂ × κ, clipped so that β ≥ 0, with a warning; ε / √κ; weight decay / √κ, so that
+            AdamW's decoupled decay of one step, lr × weight decay, stays what it was at b₀; needs an optimizer with
+            `betas` and `eps`, SGD is refused) or `"linear"` (× b / b₀, the rule for SGD). Needs a `LambdaLR`
+            schedule (every `lr_scheduler_type` but `"reduce_lr_on_plateau"` and `"greedy"`).
         memory_fraction (`float`, *optional*, defaults to `0.9`):
             Share of free accelerator memory that `max_batch_size="auto"` may plan for (divided among the workers
             that share a GPU).
@@ -142,11 +205,32 @@ class AdLoCoConfig(TrainingArguments):
         default="device",
         metadata={"help": "Where the fp32 global weights and momentum live.", "choices": list(OUTER_STATE_DEVICES)},
     )
+    pseudo_grad_compression: str = field(
+        default="none",
+        metadata={
+            "help": "Send the pseudo-gradient as int8 or int4 blocks with error feedback.",
+            "choices": list(PSEUDO_GRAD_COMPRESSIONS),
+        },
+    )
+    compression_block_size: int = field(default=256, metadata={"help": "Values per scale of the compression."})
+    outer_overlap: bool = field(
+        default=False, metadata={"help": "Overlap the round's all-reduce with the next round (eager updates)."}
+    )
+    outer_overlap_local_weight: float | None = field(
+        default=1.0, metadata={"help": "λ of the overlapped outer step (None: 1 / M, Kale et al.'s eager update)."}
+    )
     num_instances: int = field(default=1, metadata={"help": "K, the initial number of instances."})
     merge_every: int = field(default=3, metadata={"help": "Rounds between merges; 0 never merges."})
     merge_policy: str = field(
         default="smallest_pair",
         metadata={"help": "Which instances merge.", "choices": list(MERGE_POLICIES)},
+    )
+    merge_transport: str = field(
+        default="all_reduce",
+        metadata={
+            "help": "How a merge travels: a weighted all-reduce, or point-to-point sends.",
+            "choices": list(MERGE_TRANSPORTS),
+        },
     )
     instance_init: str = field(
         default="shared",
@@ -160,6 +244,10 @@ class AdLoCoConfig(TrainingArguments):
         default=False,
         metadata={"help": "For a PEFT adapter, also save it fused into its base under {output_dir}/merged-full/."},
     )
+    eval_merged_model: bool = field(
+        default=False,
+        metadata={"help": "While several instances train, also evaluate their final merge at every evaluation."},
+    )
     batch_size_test: str = field(
         default="norm",
         metadata={"help": "The adaptive batch-size test.", "choices": list(BATCH_SIZE_TESTS)},
@@ -171,11 +259,37 @@ class AdLoCoConfig(TrainingArguments):
         default="auto", metadata={"help": "Largest micro-batch per worker: an integer or 'auto'."}
     )
     batch_size_cap: int | None = field(default=None, metadata={"help": "Upper bound on the per-worker request."})
+    batch_size_smoothing: float = field(
+        default=0.0, metadata={"help": "β of the moving averages of the gradient statistics (0: one round)."}
+    )
+    nonpositive_signal: str = field(
+        default="clamp",
+        metadata={
+            "help": "When the ‖∇F‖² estimate is <= 0: keep the request or clamp.",
+            "choices": list(NONPOSITIVE_SIGNAL),
+        },
+    )
+    batch_size_shrink: bool = field(default=False, metadata={"help": "Let requests fall (with hysteresis)."})
+    shrink_hysteresis: float = field(default=0.5, metadata={"help": "Shrink only below this fraction of the request."})
+    batch_size_floor: int | None = field(default=None, metadata={"help": "Smallest request when shrinking."})
+    batch_size_target: str = field(
+        default="test",
+        metadata={
+            "help": "The norm test's request or a multiple of the noise scale.",
+            "choices": list(BATCH_SIZE_TARGETS),
+        },
+    )
+    noise_scale_multiple: float = field(default=1.0, metadata={"help": "Target = this × the noise scale."})
+    merge_batch_rule: str = field(
+        default="paper",
+        metadata={"help": "Per-worker request after a merge.", "choices": list(MERGE_BATCH_RULES)},
+    )
     switch_threshold: float = field(default=2.0, metadata={"help": "γ of switch mode (≥ 1)."})
     lr_batch_scaling: str = field(
         default="none",
         metadata={
-            "help": "How the inner learning rate follows the batch size: none, sqrt (for AdamW) or linear.",
+            "help": "How the inner learning rate follows the batch size: none, sqrt (for AdamW), sqrt_adam (lr, "
+            "betas, eps and weight decay of AdamW) or linear.",
             "choices": list(LR_SCALING_RULES),
         },
     )
@@ -237,10 +351,15 @@ class AdLoCoConfig(TrainingArguments):
         """Checks that need nothing from TrainingArguments; each message names the field and the fix."""
         choices = {
             "merge_policy": MERGE_POLICIES,
+            "merge_transport": MERGE_TRANSPORTS,
             "instance_init": INSTANCE_INITS,
             "batch_size_test": BATCH_SIZE_TESTS,
             "pseudo_grad_dtype": PSEUDO_GRAD_DTYPES,
             "outer_state_device": OUTER_STATE_DEVICES,
+            "pseudo_grad_compression": PSEUDO_GRAD_COMPRESSIONS,
+            "nonpositive_signal": NONPOSITIVE_SIGNAL,
+            "batch_size_target": BATCH_SIZE_TARGETS,
+            "merge_batch_rule": MERGE_BATCH_RULES,
             "lr_batch_scaling": LR_SCALING_RULES,
         }
         for name, allowed in choices.items():
@@ -267,6 +386,27 @@ class AdLoCoConfig(TrainingArguments):
             raise ValueError(f"outer_lr={self.outer_lr}: set a value > 0 (1.0 with momentum 0 is plain averaging).")
         if not 0 <= self.outer_momentum < 1:
             raise ValueError(f"outer_momentum={self.outer_momentum}: set a value in [0, 1) (DiLoCo uses 0.9).")
+        block = self.compression_block_size
+        if isinstance(block, bool) or int(block) != block or block < 2 or block % 2:
+            raise ValueError(
+                f"compression_block_size={block}: set an even integer >= 2 (256 is the default; smaller blocks "
+                "quantize more finely and send more scales)."
+            )
+        if self.outer_overlap_local_weight is not None and not 0 < self.outer_overlap_local_weight <= 1:
+            raise ValueError(
+                f"outer_overlap_local_weight={self.outer_overlap_local_weight}: set a value in (0, 1], or None "
+                "(1 / M, the eager update of Kale et al.)."
+            )
+        if not 0 <= self.batch_size_smoothing < 1:
+            raise ValueError(
+                f"batch_size_smoothing={self.batch_size_smoothing}: set a value in [0, 1) (0 uses each round alone)."
+            )
+        if not 0 < self.shrink_hysteresis <= 1:
+            raise ValueError(f"shrink_hysteresis={self.shrink_hysteresis}: set a value in (0, 1] (e.g. 0.5).")
+        if self.batch_size_floor is not None and self.batch_size_floor < 1:
+            raise ValueError(f"batch_size_floor={self.batch_size_floor}: set an integer >= 1, or None.")
+        if not self.noise_scale_multiple > 0:
+            raise ValueError(f"noise_scale_multiple={self.noise_scale_multiple}: set a value > 0 (e.g. 1.0).")
         if self.num_instances < 1:
             raise ValueError(f"num_instances={self.num_instances}: set an integer >= 1.")
         if self.merge_every < 0:
@@ -338,16 +478,29 @@ class AdLoCoConfig(TrainingArguments):
             "outer_momentum",
             "outer_nesterov",
             "pseudo_grad_dtype",
+            "pseudo_grad_compression",
+            "outer_overlap",
+            "outer_overlap_local_weight",
             "num_instances",
             "merge_every",
             "merge_policy",
+            "merge_transport",
             "instance_init",
+            "eval_merged_model",
             "batch_size_test",
             "eta",
             "theta",
             "nu",
             "max_batch_size",
             "batch_size_cap",
+            "batch_size_smoothing",
+            "nonpositive_signal",
+            "batch_size_shrink",
+            "shrink_hysteresis",
+            "batch_size_floor",
+            "batch_size_target",
+            "noise_scale_multiple",
+            "merge_batch_rule",
             "switch_threshold",
             "lr_batch_scaling",
             "per_device_train_batch_size",

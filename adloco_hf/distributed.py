@@ -352,19 +352,21 @@ class ProcessGroupCache:
     """Process groups keyed by their sorted rank tuple, created collectively and kept for the run.
 
     `torch.distributed.new_group` must be called by every rank of the world in the same order, members or not, so
-    callers walk the same list of rank tuples on every rank. The whole world maps to the default group and a single
-    rank needs no group at all (None).
+    callers walk the same list of rank tuples on every rank. The whole world maps to the default group (unless
+    `own_world_group`: a group of its own, for traffic that runs beside the default group's, such as an overlapped
+    outer step's) and a single rank needs no group at all (None).
     """
 
-    def __init__(self, timeout: float | None = None):
+    def __init__(self, timeout: float | None = None, *, own_world_group: bool = False):
         self._groups: dict[tuple[int, ...], object] = {}
         self._timeout = None if timeout is None else datetime.timedelta(seconds=timeout)
+        self._own_world_group = own_world_group
 
     def get(self, ranks: Sequence[int]):
         key = tuple(sorted(int(r) for r in ranks))
         if not is_distributed() or len(key) <= 1:
             return None
-        if key == tuple(range(dist.get_world_size())):
+        if key == tuple(range(dist.get_world_size())) and not self._own_world_group:
             return dist.group.WORLD
         if key not in self._groups:
             self._groups[key] = dist.new_group(list(key), timeout=self._timeout)

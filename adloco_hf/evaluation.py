@@ -6,23 +6,43 @@ all-gather pools the sums); `compute_metrics` runs once per instance, on its fir
 eval set, and every rank logs every instance's metrics. With one instance (or after the final merge) all workers
 share the set and `compute_metrics` runs through the Trainer's own `evaluation_loop`.
 
+While several instances train, the top-level `eval_loss` is the demand-weighted mean of the instances' losses (also
+logged as `eval_instances_mean_loss`): a mean of several models, not the loss of any one of them, and with instances
+that drift apart it can be far below what their merge achieves. `eval_merged_model=True` also evaluates the model the
+final merge would produce at that point (`merged_model_loaded`) and logs it as `eval_merged_loss`, under the names of
+the merged model's evaluation at the end of training.
+
 Perplexity is reported for causal language models only (`predictions.is_causal_lm`): a classifier's loss is a
 cross-entropy over labels, not over tokens.
 """
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from transformers import Trainer
 from transformers.trainer_utils import speed_metrics
 
+from .distributed import comm_device, is_distributed
+from .instances import final_merge_weights
 from .predictions import ShardOutput, is_causal_lm, predict_shard, share_instance_metrics
+from .rng import get_rng_state, set_rng_state
 from .run_log import MERGED
 from .worker import Worker
 
 
-__all__ = ["combine_instance_metrics", "evaluate_instances", "instance_losses", "perplexity"]
+__all__ = [
+    "combine_instance_metrics",
+    "evaluate_instances",
+    "instance_losses",
+    "merged_model_loaded",
+    "merged_weights",
+    "perplexity",
+]
 
 _NOT_METRICS = ("runtime", "samples_per_second", "steps_per_second", "model_preparation_time")
 
@@ -51,8 +71,10 @@ def combine_instance_metrics(
 
     Every metric of instance i is `{prefix}_instance_{i}_{name}`. The top-level `{prefix}_{name}` of a numeric metric
     is the demand-weighted mean over the instances that report it: a mean of the instances' values, not the value of
-    any one model (the merged model is evaluated at the end as `eval_merged_*`). A causal LM's `{prefix}_perplexity`
-    is the perplexity of that mean loss.
+    any one model (the merged model is evaluated at the end as `eval_merged_*`, and at every evaluation with
+    `eval_merged_model`). A causal LM's `{prefix}_perplexity` is the perplexity of that mean loss. With several
+    instances the mean loss (and that perplexity) is also given under its honest name,
+    `{prefix}_instances_mean_loss` (`{prefix}_instances_mean_perplexity`); `{prefix}_loss` stays for compatibility.
     """
     metrics: dict[str, Any] = {}
     names: dict[str, None] = {}
@@ -69,6 +91,10 @@ def combine_instance_metrics(
             metrics[f"{prefix}_{name}"] = sum(d * value for d, value in pairs) / weight
     if causal_lm and _is_number(metrics.get(f"{prefix}_loss")):
         metrics[f"{prefix}_perplexity"] = perplexity(metrics[f"{prefix}_loss"])
+    if len(per_instance) > 1:
+        for name in ("loss", "perplexity"):
+            if f"{prefix}_{name}" in metrics:
+                metrics[f"{prefix}_instances_mean_{name}"] = metrics[f"{prefix}_{name}"]
     return metrics
 
 
@@ -89,24 +115,10 @@ def evaluate_instances(
     causal_lm = is_causal_lm(trainer.model)
     metrics: dict[str, Any] = {}
     if single:
-        custom = {}
-        if trainer.compute_metrics is not None:
-            output = trainer.evaluation_loop(
-                trainer.get_eval_dataloader(dataset),
-                "Evaluation",
-                ignore_keys=ignore_keys,
-                metric_key_prefix=metric_key_prefix,
-            )
-            metrics.update({k: v for k, v in output.metrics.items() if k != f"{metric_key_prefix}_loss"})
-            custom = {
-                name: value
-                for key, value in output.metrics.items()
-                if (name := key.removeprefix(f"{metric_key_prefix}_")) not in ("loss", *_NOT_METRICS)
-            }
-        progress = trainer.compute_metrics is None  # else evaluation_loop has reported its own steps
-        losses = instance_losses(trainer, worker, dataset, ignore_keys=ignore_keys, progress=progress)
-        ((instance_id, loss),) = losses.items()
-        values = _with_perplexity({**custom, **({} if loss is None else {"loss": loss})}, causal_lm)
+        instance_id, values, extra = _evaluate_shared_model(
+            trainer, worker, dataset, ignore_keys, metric_key_prefix, causal_lm
+        )
+        metrics.update(extra)
         metrics.update(
             {f"{metric_key_prefix}_{name}": values[name] for name in ("loss", "perplexity") if name in values}
         )
@@ -116,6 +128,15 @@ def evaluate_instances(
         demand = {inst.id: inst.demand for inst in worker.instances}
         metrics.update(combine_instance_metrics(per_instance, demand, metric_key_prefix, causal_lm))
         evals = {i: _with_perplexity(values, causal_lm) for i, values in per_instance.items()}
+        if getattr(trainer.args, "eval_merged_model", False):
+            prefix = f"{metric_key_prefix}_merged"  # the names of the merged model's evaluation at the end
+            with merged_model_loaded(worker):
+                _, values, extra = _evaluate_shared_model(
+                    trainer, worker, dataset, ignore_keys, prefix, causal_lm, progress=False
+                )
+            metrics.update(extra)
+            metrics.update({f"{prefix}_{name}": values[name] for name in ("loss", "perplexity") if name in values})
+            evals[MERGED] = values
     metrics.update(speed_metrics(metric_key_prefix, start, num_samples=len(dataset)))
     if trainer.is_world_process_zero():
         _write_eval_lines(trainer, worker, evals, dataset_name)
@@ -123,6 +144,88 @@ def evaluate_instances(
     trainer.control = trainer.callback_handler.on_evaluate(trainer.args, trainer.state, trainer.control, metrics)
     trainer._memory_tracker.stop_and_update_metrics(metrics)
     return metrics
+
+
+def _evaluate_shared_model(
+    trainer: Trainer, worker: Worker, dataset, ignore_keys, prefix: str, causal_lm: bool, progress: bool = True
+) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    """The model every worker holds (one instance, the final merge, or `merged_model_loaded`), every worker taking a
+    shard of the eval set: (the instance id of `instance_losses`, {"loss", "perplexity", **compute_metrics}, the
+    `evaluation_loop` metrics named `{prefix}_*` without the loss). `progress=False` reports no prediction steps."""
+    extra: dict[str, Any] = {}
+    custom: dict[str, Any] = {}
+    if trainer.compute_metrics is not None:
+        output = trainer.evaluation_loop(
+            trainer.get_eval_dataloader(dataset),
+            "Evaluation",
+            ignore_keys=ignore_keys,
+            metric_key_prefix=prefix,
+        )
+        extra = {k: v for k, v in output.metrics.items() if k != f"{prefix}_loss"}
+        custom = {
+            name: value
+            for key, value in output.metrics.items()
+            if (name := key.removeprefix(f"{prefix}_")) not in ("loss", *_NOT_METRICS)
+        }
+    progress = progress and trainer.compute_metrics is None  # else evaluation_loop has reported its own steps
+    losses = instance_losses(trainer, worker, dataset, ignore_keys=ignore_keys, progress=progress)
+    ((instance_id, loss),) = losses.items()
+    values = _with_perplexity({**custom, **({} if loss is None else {"loss": loss})}, causal_lm)
+    return instance_id, values, extra
+
+
+@torch.no_grad()
+def merged_weights(worker: Worker) -> torch.Tensor:
+    """The global weights the final merge would produce now: Σ_i w_i φ_i over the instances, with the final merge's
+    weights (`instances.final_merge_weights`: demand-weighted over the instances that trained), flat float32 on the
+    communication device (`distributed.comm_device`: the GPU with NCCL, the CPU with gloo), on every rank.
+
+    Collective: one all-reduce (a sum) over the world, to which each worker of instance i adds w_i / n_i × its φ
+    (n_i: the instance's workers; zeros for a weight of 0, so that nothing non-finite leaks in). It costs a float32
+    copy of the trainable weights in memory and 4 bytes per trainable parameter all-reduced over all P workers
+    (2 (P − 1) / P of that per worker on a ring): evaluation traffic, not counted in `comm_bytes`. With
+    `outer_overlap`, φ is the instances' consensus without the average still in flight.
+    """
+    global_model = worker.global_model
+    phi = global_model.phi.detach()
+    device = comm_device(phi.device)
+    inst = worker.instance
+    share = final_merge_weights(worker.instances)[inst.id] / len(inst.workers)
+    if share == 0:
+        total = torch.zeros(phi.shape, dtype=torch.float32, device=device)
+    else:
+        total = phi.to(device, torch.float32).mul(share)  # a new tensor: φ itself is never touched
+    if is_distributed() and worker.world_size > 1:
+        group = worker.groups.get(range(worker.world_size))
+        with worker.monitor.watch("evaluation (merged model)", worker.resume_hint):
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    return total
+
+
+@contextmanager
+def merged_model_loaded(worker: Worker) -> Iterator[None]:
+    """Inside, every worker's trainable parameters hold the model the final merge would produce now
+    (`merged_weights`, cast to the parameters' dtype as the final merge casts it); on leaving (also on an error)
+    each worker's own parameters are put back bit for bit, and its random generators (the eval loaders draw from
+    torch's), so that training goes on exactly as without it. Collective (every rank); keeps a copy of the trainable
+    parameters while inside."""
+    global_model = worker.global_model
+    params = global_model.params
+    with torch.no_grad():
+        saved = [p.detach().clone() for p in params]
+    rng = get_rng_state()
+    try:
+        merged = merged_weights(worker)
+        with torch.no_grad():
+            for view, p in zip(global_model.views_of(merged), params):
+                p.copy_(view)
+        del merged
+        yield
+    finally:
+        with torch.no_grad():
+            for p, own in zip(params, saved):
+                p.copy_(own)
+        set_rng_state(rng)
 
 
 def _evaluate_each_instance(trainer: Trainer, worker: Worker, dataset, ignore_keys, prefix: str) -> dict[int, dict]:
@@ -170,8 +273,10 @@ def _pool_losses(worker: Worker, group_id: int, shard: ShardOutput) -> dict[int,
 
 
 def _write_eval_lines(trainer: Trainer, worker: Worker, evals: dict[Any, dict[str, Any]], dataset_name) -> None:
-    """One line per evaluated model: where the run stands, the model (`instance`), the dataset's name (None for a
-    single eval dataset) and every metric as `eval_{name}`, whatever the dataset's metric prefix."""
+    """One line per evaluated model: where the run stands, the model (`instance`: an instance id, or `MERGED` with
+    `final`: true for the model of the final merge, false for the merge evaluated while training by
+    `eval_merged_model`), the dataset's name (None for a single eval dataset) and every metric as `eval_{name}`,
+    whatever the dataset's metric prefix."""
     state = worker.state
     lines = []
     for label, values in evals.items():
@@ -182,6 +287,8 @@ def _write_eval_lines(trainer: Trainer, worker: Worker, evals: dict[Any, dict[st
             "instance": label,
             "dataset": dataset_name,
         }
+        if label == MERGED:
+            line["final"] = worker.final_merged
         # The exact loss (and perplexity) first, then the custom metrics, which never replace them.
         ordered = {name: values[name] for name in ("loss", "perplexity") if name in values}
         ordered.update({name: value for name, value in values.items() if name not in ordered})

@@ -15,16 +15,22 @@ its weights are that merge's, which hold the training before it (see `health.py`
 import math
 from dataclasses import dataclass, field, replace
 
+from .batch_controller import NoiseEstimate
+
 
 __all__ = [
+    "Broadcast",
     "Instance",
+    "MERGE_BATCH_RULES",
     "final_merge_weights",
+    "MergeCollectives",
     "MergePlan",
     "Transfer",
     "choose_merge",
     "initial_instances",
     "instance_of",
     "merge_is_due",
+    "plan_collectives",
     "plan_merge",
     "plan_transfers",
     "redistribute",
@@ -46,6 +52,7 @@ class Instance:
         rounds_since_merge: rounds since the start, or since it survived its last merge.
         trained: whether a round has moved its weights since the start (its own, or one of an instance merged
             into it).
+        noise: the moving averages of its gradient statistics (`batch_controller.NoiseEstimate`).
     """
 
     id: int
@@ -55,6 +62,7 @@ class Instance:
     skipped_in_a_row: int = 0
     rounds_since_merge: int = 0
     trained: bool = False
+    noise: NoiseEstimate = field(default_factory=NoiseEstimate)
 
     def __post_init__(self):
         if not self.workers:
@@ -70,13 +78,14 @@ class Instance:
     def with_batch_size(self, batch_size: int) -> "Instance":
         return replace(self, batch_size=batch_size, demand=float(batch_size * len(self.workers)))
 
-    def after_round(self, batch_size: int, *, skipped: bool) -> "Instance":
-        """The row after a round that was (or was not) skipped, with the next request."""
+    def after_round(self, batch_size: int, *, skipped: bool, noise: NoiseEstimate | None = None) -> "Instance":
+        """The row after a round that was (or was not) skipped, with the next request (and statistics' averages)."""
         return replace(
             self.with_batch_size(batch_size),
             skipped_in_a_row=self.skipped_in_a_row + 1 if skipped else 0,
             rounds_since_merge=self.rounds_since_merge + 1,
             trained=self.trained or not skipped,
+            noise=self.noise if noise is None else noise,
         )
 
     @property
@@ -87,15 +96,22 @@ class Instance:
     def to_row(self) -> list:
         """The row a checkpoint stores (`from_row` reads it back)."""
         row = [self.id, self.batch_size, self.demand, list(self.workers)]
-        return row + [self.skipped_in_a_row, self.rounds_since_merge, self.trained]
+        return row + [self.skipped_in_a_row, self.rounds_since_merge, self.trained, self.noise.to_list()]
 
     @classmethod
     def from_row(cls, row: list) -> "Instance":
         """A checkpoint's row; one written before the skip counts existed reads as trained, with none skipped."""
         instance_id, batch_size, demand, workers, *health = row
-        skipped, since_merge, trained = health or (0, 0, True)
+        skipped, since_merge, trained, *noise = health or (0, 0, True)
         return cls(
-            instance_id, tuple(workers), int(batch_size), float(demand), int(skipped), int(since_merge), bool(trained)
+            instance_id,
+            tuple(workers),
+            int(batch_size),
+            float(demand),
+            int(skipped),
+            int(since_merge),
+            bool(trained),
+            NoiseEstimate.from_list(noise[0] if noise else None),
         )
 
 
@@ -189,8 +205,19 @@ class MergePlan:
     after: tuple[Instance, ...]
 
 
-def plan_merge(instances: list[Instance], *, policy: str, num_workers: int) -> MergePlan:
-    """Choose a pair, weigh it by demand, and redistribute the workers over the remaining instances."""
+MERGE_BATCH_RULES = ("preserve_total", "paper")
+
+
+def plan_merge(instances: list[Instance], *, policy: str, num_workers: int, batch_rule: str = "paper") -> MergePlan:
+    """Choose a pair, weigh it by demand, and redistribute the workers over the remaining instances.
+
+    `batch_rule="paper"`: the survivor keeps its per-worker request while it gains workers, so its total batch grows
+    by the ratio of its workers (the paper's code). `"preserve_total"`: every instance keeps its total batch
+    (request × workers before the merge; the survivor's for the merged one), and its per-worker request becomes
+    ⌈total / workers after⌉: the tests ask for a total, and a merge adds workers, not noise.
+    """
+    if batch_rule not in MERGE_BATCH_RULES:
+        raise ValueError(f"unknown merge_batch_rule {batch_rule!r}; choose one of {MERGE_BATCH_RULES}")
     survivor_id, merged_id = choose_merge(instances, policy)
     table = {inst.id: inst for inst in instances}
     survivor, merged = table[survivor_id], table[merged_id]
@@ -205,10 +232,14 @@ def plan_merge(instances: list[Instance], *, policy: str, num_workers: int) -> M
         demand=total,
         skipped_in_a_row=survivor.skipped_in_a_row,
         trained=survivor.trained or merged.trained,
+        noise=NoiseEstimate.combine(survivor.noise, merged.noise, weights),
     )
     remaining = [combined if inst.id == survivor.id else inst for inst in instances if inst.id != merged.id]
     # The survivor's own workers stay first: the merged-away instance's workers change instance anyway.
     after = redistribute(remaining, num_workers, {survivor.id: list(survivor.workers) + list(merged.workers)})
+    if batch_rule == "preserve_total":
+        totals = {inst.id: inst.batch_size * len(inst.workers) for inst in instances}
+        after = [replace(inst, batch_size=max(1, math.ceil(totals[inst.id] / len(inst.workers)))) for inst in after]
     return MergePlan(
         survivor=survivor.id,
         merged=merged.id,
@@ -268,3 +299,61 @@ def plan_transfers(plan: MergePlan, *, writer_rank: int = 0, save: bool = True) 
     if save and writer_rank != survivor_src and writer_rank not in receivers:
         transfers.append(Transfer("save", plan.survivor, survivor_src, writer_rank))
     return transfers
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """A non-merging instance's φ and outer momentum, from its first worker to the workers that join it."""
+
+    instance: int
+    src: int
+    ranks: tuple[int, ...]  # the broadcast's group: `src` and the joining workers, ascending
+
+
+@dataclass(frozen=True)
+class MergeCollectives:
+    """A merge as collectives (`merge_transport="all_reduce"`); every rank runs its part in this order.
+
+    1. One all-reduce (a sum) over `members`: the workers of both merging instances, and any worker that joins the
+       survivor from a third instance. Each contributes `weights[rank]` × (φ, momentum) of its instance: w_i / n_i
+       for a worker of merging instance i (its merge weight over its number of workers), 0 for one that joins from
+       elsewhere, so the sum is w_survivor·φ_s + w_merged·φ_m on every member.
+    2. `broadcasts`, in instance id order: a non-merging instance's φ and momentum to the workers it gains. Their
+       groups are disjoint, so they run side by side.
+    3. `save_src` sends the merged φ to `writer` (the rank that writes checkpoints) when it is not a member.
+
+    Inner-optimizer state is not sent: every worker keeps its own. `groups` lists the process groups, in the order
+    every rank creates them (`new_group` is collective over the world).
+    """
+
+    members: tuple[int, ...]
+    weights: dict[int, float]
+    broadcasts: tuple[Broadcast, ...]
+    writer: int
+    save_src: int | None
+
+    @property
+    def groups(self) -> list[tuple[int, ...]]:
+        return [self.members] + [b.ranks for b in self.broadcasts]
+
+
+def plan_collectives(plan: MergePlan, *, writer_rank: int = 0, save: bool = True) -> MergeCollectives:
+    """The collectives that carry out `plan` (see [`MergeCollectives`]); pure, the same on every rank."""
+    before = {inst.id: inst for inst in plan.before}
+    survivor, merged = before[plan.survivor], before[plan.merged]
+    survivor_after = next(inst for inst in plan.after if inst.id == plan.survivor)
+    members = tuple(sorted(set(survivor.workers) | set(merged.workers) | set(survivor_after.workers)))
+    weights = {rank: 0.0 for rank in members}
+    for inst, weight in zip((survivor, merged), plan.weights):
+        for rank in inst.workers:
+            weights[rank] = weight / len(inst.workers)
+    broadcasts = []
+    for inst in sorted(plan.after, key=lambda x: x.id):
+        if inst.id == plan.survivor:
+            continue
+        joined = set(inst.workers) - set(before[inst.id].workers)
+        if joined:
+            src = before[inst.id].first_worker  # holds its instance's state, and stays (`redistribute`)
+            broadcasts.append(Broadcast(inst.id, src, tuple(sorted(joined | {src}))))
+    save_src = survivor.first_worker if save and writer_rank not in members else None
+    return MergeCollectives(members, weights, tuple(broadcasts), writer_rank, save_src)

@@ -1,24 +1,64 @@
-"""Carrying out merges with point-to-point messages: the weighted average, redistribution, and the final merge."""
+"""Carrying out merges: the weighted average, redistribution, and the final merge.
+
+Two transports (`AdLoCoConfig.merge_transport`), with P the payload of one instance state: φ and the outer momentum
+in float32, 8 bytes per trainable parameter (4 without momentum):
+
+- `"all_reduce"` (`all_reduce_merge`): one weighted all-reduce of (φ, momentum) over the workers of both merging
+  instances (`instances.plan_collectives`), a broadcast of its instance's state to each worker that moves to another
+  instance, and the merged φ (P / 2 with momentum) to the checkpoint writer when it is outside the merge. Every
+  worker keeps its own inner-optimizer (AdamW) state. Bytes sent: 2 (n − 1) P over the n members (both instances'
+  workers, and any worker that joins the survivor from a third instance; ring model, `outer.ring_all_reduce_bytes`), (k − 1) P for a broadcast to k − 1 workers, P / 2 for the save. Link time: the
+  all-reduce ≈ 2 (n − 1) / n P per worker, < 2 P, then ≈ P for a worker that moves (one receiver), the broadcasts of
+  different instances side by side: ≤ 3 P in all (plus P / 2 in the one case where the writer is outside the merge
+  and also the source of a broadcast).
+- `"point_to_point"` (`execute_merge`): blocking sends in one global order (`instances.plan_transfers`): the merged
+  instance's state to the survivor's first worker, the merged state to each other worker of the survivor one after
+  the other, and the first worker's AdamW state (≈ P more) to each worker that joins an instance: ≈ n P on the
+  survivor's first worker's link for the weights alone (P in, then P to each of the n − 1 others in turn), plus
+  ≈ P per joining worker.
+"""
 
 import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from .distributed import (
+    ProcessGroupCache,
     broadcast_tensors,
+    comm_device,
     is_distributed,
     recv_object_tensors,
     recv_tensor,
     send_object_tensors,
     send_tensor,
 )
-from .instances import Instance, MergePlan, Transfer, final_merge_weights, plan_transfers
-from .outer import GlobalModel
+from .instances import (
+    Instance,
+    MergeCollectives,
+    MergePlan,
+    Transfer,
+    final_merge_weights,
+    instance_of,
+    plan_collectives,
+    plan_transfers,
+)
+from .outer import GlobalModel, ring_all_reduce_bytes
 from .rounds import MergeResult
 
 
-__all__ = ["MergeOutcome", "execute_merge", "final_merge", "merge_at_round_end"]
+__all__ = [
+    "MERGE_TRANSPORTS",
+    "MergeOutcome",
+    "all_reduce_merge",
+    "all_reduce_share",
+    "execute_merge",
+    "final_merge",
+    "merge_at_round_end",
+]
+
+MERGE_TRANSPORTS = ("all_reduce", "point_to_point")
 
 
 @dataclass
@@ -114,6 +154,91 @@ def execute_merge(
     return MergeOutcome(sent, saved_phi, changed_instance=inner_state is not None)
 
 
+def all_reduce_share(payload_bytes: int, members: tuple[int, ...], rank: int) -> int:
+    """This member's share of a ring all-reduce's bytes (`outer.ring_all_reduce_bytes`): 2 (n − 1) / n of the
+    payload, split so that the members' shares add up to the ring total exactly."""
+    total, n = ring_all_reduce_bytes(payload_bytes, len(members)), len(members)
+    index = members.index(rank)
+    return total // n + (1 if index < total % n else 0)
+
+
+def _weighted(tensor: torch.Tensor, weight: float, device: torch.device) -> torch.Tensor:
+    """weight × tensor, a new float32 tensor on `device` (zeros for weight 0: a non-finite value must not leak)."""
+    if weight == 0:
+        return torch.zeros(tensor.shape, dtype=torch.float32, device=device)
+    return tensor.to(device, torch.float32).mul(weight)
+
+
+@torch.no_grad()
+def all_reduce_merge(
+    plan: MergePlan,
+    collectives: MergeCollectives,
+    *,
+    rank: int,
+    global_model: GlobalModel,
+    with_momentum: bool,
+    groups,
+    group=None,
+) -> MergeOutcome:
+    """Run this rank's part of `collectives` (`merge_transport="all_reduce"`, module docstring).
+
+    Every rank first creates the process groups of `collectives.groups` in order (collective over the world, even for
+    non-members), then: the weighted all-reduce if it is a member, its broadcast if it takes part in one, the save.
+    Everything sent is this rank's state from before the merge; results are applied at the end. The inner optimizer
+    is left alone: every worker keeps its own.
+
+    Args:
+        plan: the merge (identical on every rank).
+        collectives: `plan_collectives(plan)`.
+        rank: this process's global rank.
+        global_model: this worker's φ and outer momentum.
+        with_momentum: whether the outer SGD has momentum to carry (outer_momentum > 0).
+        groups: a `distributed.ProcessGroupCache` (the worker's: groups are kept for the run).
+        group: the group of the save message (a group of the whole world; the default group when None).
+    """
+    phi = global_model.phi.detach()
+    momentum = global_model.momentum if with_momentum else None
+    if with_momentum and momentum is None:
+        momentum = torch.zeros_like(phi)  # SGD's first step treats a zero buffer exactly like a missing one
+    state = [phi] if momentum is None else [phi, momentum]
+    payload = sum(t.numel() * 4 for t in state)  # float32 on the wire
+    on = comm_device(phi.device)
+    for ranks in collectives.groups:  # every rank, in the same order: new_group is collective
+        groups.get(ranks)
+    sent = 0
+    merged = incoming = saved_phi = None
+    if rank in collectives.members:
+        weight = collectives.weights[rank]
+        merged = [_weighted(t, weight, on) for t in state]
+        members_group = groups.get(collectives.members)
+        for tensor in merged:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=members_group)
+        sent += all_reduce_share(payload, collectives.members, rank)
+    for broadcast in collectives.broadcasts:
+        if rank not in broadcast.ranks:
+            continue
+        if rank == broadcast.src:
+            broadcast_tensors(state, src=broadcast.src, group=groups.get(broadcast.ranks))  # the source only reads
+            sent += (len(broadcast.ranks) - 1) * payload
+        else:
+            incoming = [torch.empty(phi.shape, dtype=torch.float32, device=on) for _ in state]
+            broadcast_tensors(incoming, src=broadcast.src, group=groups.get(broadcast.ranks))
+    if collectives.save_src is not None:
+        if rank == collectives.save_src:
+            sent += send_tensor(merged[0], collectives.writer, group)
+        elif rank == collectives.writer:
+            saved_phi = recv_tensor(phi, collectives.save_src, group)
+    now = instance_of(list(plan.after), rank).id
+    new_state = merged if now == plan.survivor else incoming
+    if new_state is not None:
+        global_model.load_flat(new_state[0], new_state[1] if with_momentum else None)
+        global_model.copy_to_params()
+    if saved_phi is None and merged is not None:
+        saved_phi = global_model.phi.detach() if now == plan.survivor else merged[0].to(phi.device)
+    changed = instance_of(list(plan.before), rank).id != now
+    return MergeOutcome(sent, saved_phi, changed_instance=changed)
+
+
 @torch.no_grad()
 def final_merge(
     instances: list[Instance], *, rank: int, global_model: GlobalModel, writer: int = 0, group=None
@@ -159,22 +284,41 @@ def merge_at_round_end(
     save: bool,
     monitor,
     hint,
+    transport: str = "all_reduce",
+    groups=None,
 ) -> tuple[MergeResult, bool]:
     """Carry out a round's merge on this rank, bounded by the monitor's `worker_timeout`; returns what every rank
     reports of it (bytes, seconds, the merged φ on global rank 0 when merges are saved) and whether this worker
-    changed instance."""
+    changed instance.
+
+    `transport`: `"all_reduce"` (`all_reduce_merge`, on process groups from `groups`, the worker's
+    `ProcessGroupCache`) or `"point_to_point"` (`execute_merge`; module docstring)."""
+    if transport not in MERGE_TRANSPORTS:
+        raise ValueError(f"merge_transport={transport!r}: choose one of {list(MERGE_TRANSPORTS)}")
+    if transport == "all_reduce" and groups is None:  # groups of this merge only, bounded by worker_timeout
+        groups = ProcessGroupCache(timeout=monitor.timeout.total_seconds())
     started = time.perf_counter()
-    transfers = plan_transfers(plan, writer_rank=0, save=save)
     with monitor.watch(where, hint):  # its messages are bounded by worker_timeout too
-        outcome = execute_merge(
-            plan,
-            transfers,
-            rank=rank,
-            global_model=global_model,
-            inner_optimizer=inner_optimizer,
-            with_momentum=with_momentum,
-            group=monitor.message_group,
-        )
+        if transport == "all_reduce":
+            outcome = all_reduce_merge(
+                plan,
+                plan_collectives(plan, writer_rank=0, save=save),
+                rank=rank,
+                global_model=global_model,
+                with_momentum=with_momentum,
+                groups=groups,
+                group=monitor.message_group,
+            )
+        else:
+            outcome = execute_merge(
+                plan,
+                plan_transfers(plan, writer_rank=0, save=save),
+                rank=rank,
+                global_model=global_model,
+                inner_optimizer=inner_optimizer,
+                with_momentum=with_momentum,
+                group=monitor.message_group,
+            )
     moved = monitor.gather_rows([outcome.sent_bytes, time.perf_counter() - started], where, hint)
     phi = outcome.merged_phi if rank == 0 and save else None
     result = MergeResult(plan, int(sum(r[0] for r in moved)), max(r[1] for r in moved), phi)

@@ -8,12 +8,13 @@ read as `trainer.adloco_state`.
 """
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 
-from .batch_size import GradientStatistics, PooledStatistics, next_batch_size, pool_statistics
+from .batch_controller import ControllerRules, next_request
+from .batch_size import GradientStatistics, PooledStatistics, pool_statistics
 from .health import merge_warnings, skipped_rounds_failure
 from .instances import Instance, MergePlan, merge_is_due, plan_merge
 from .lr_scaling import lr_factor
@@ -110,6 +111,32 @@ class RoundRules:
     lr_batch_scaling: str = "none"
     reference_batch_size: int = 1
     max_skipped_rounds: int | None = None  # None: never stop for skipped rounds
+    # The request's controller (`batch_controller`) and the merge's batch rule; the defaults are the paper's.
+    batch_size_smoothing: float = 0.0
+    nonpositive_signal: str = "clamp"
+    batch_size_shrink: bool = False
+    shrink_hysteresis: float = 0.5
+    batch_size_floor: int = 1
+    batch_size_target: str = "test"
+    noise_scale_multiple: float = 1.0
+    merge_batch_rule: str = "paper"
+
+    @property
+    def controller(self) -> ControllerRules:
+        return ControllerRules(
+            test=self.batch_size_test,
+            eta=self.eta,
+            theta=self.theta,
+            nu=self.nu,
+            cap=self.request_cap,
+            smoothing=self.batch_size_smoothing,
+            nonpositive_signal=self.nonpositive_signal,
+            shrink=self.batch_size_shrink,
+            shrink_hysteresis=self.shrink_hysteresis,
+            floor=self.batch_size_floor,
+            target=self.batch_size_target,
+            noise_scale_multiple=self.noise_scale_multiple,
+        )
 
     @classmethod
     def from_args(cls, args, *, max_batch_size: int, shard_size: int) -> "RoundRules":
@@ -128,6 +155,14 @@ class RoundRules:
             lr_batch_scaling=args.lr_batch_scaling,
             reference_batch_size=args.per_device_train_batch_size,
             max_skipped_rounds=args.max_skipped_rounds,
+            batch_size_smoothing=args.batch_size_smoothing,
+            nonpositive_signal=args.nonpositive_signal,
+            batch_size_shrink=args.batch_size_shrink,
+            shrink_hysteresis=args.shrink_hysteresis,
+            batch_size_floor=args.batch_size_floor or args.per_device_train_batch_size,
+            batch_size_target=args.batch_size_target,
+            noise_scale_multiple=args.noise_scale_multiple,
+            merge_batch_rule=args.merge_batch_rule,
         )
 
 
@@ -161,6 +196,7 @@ class RoundLine:
     skipped_in_a_row: int = 0  # this round included, while it is skipped
     merge_bytes: int | None = None  # the merge's bytes, on the survivor's line only
     merge_seconds: float = 0.0
+    noise_scale: float | None = None  # tr Σ / ‖∇F‖² from the controller's averages (None while ‖∇F‖² ≤ 0)
     num_instances: int = 0
     total_tokens: int = 0
     elapsed_seconds: float = 0.0
@@ -250,23 +286,20 @@ def decide_round(
     survivor's line, and a merged instance that made no progress gets a warning (`health.py`).
     """
     lines, decided = {}, []
+    controller = rules.controller
     for inst in instances:
         members = [reports[r] for r in inst.workers]
         pooled = pool_statistics([m.stats for m in members])
-        next_batch = inst.batch_size
+        next_batch, estimate = inst.batch_size, inst.noise
         if not any(m.skipped for m in members):
-            next_batch = next_batch_size(
-                rules.batch_size_test,
-                pooled,
-                current=inst.batch_size,
-                num_workers=len(inst.workers),
-                eta=rules.eta,
-                theta=rules.theta,
-                nu=rules.nu,
-                cap=rules.request_cap,
+            estimate = inst.noise.update(pooled, controller.smoothing)
+            next_batch = next_request(
+                controller, pooled, estimate, current=inst.batch_size, num_workers=len(inst.workers)
             )
         line = _line(inst, members, pooled, next_batch, outer_step=outer_step, global_step=global_step, rules=rules)
-        decided.append(inst.after_round(next_batch, skipped=line.skipped))
+        scale = estimate.noise_scale
+        line.noise_scale = scale if math.isfinite(scale) else None
+        decided.append(inst.after_round(next_batch, skipped=line.skipped, noise=estimate))
         line.skipped_in_a_row = decided[-1].skipped_in_a_row
         lines[inst.id] = line
     losses = {rank: report.loss_sum for rank, report in enumerate(reports)}
@@ -275,7 +308,14 @@ def decide_round(
     )
     merge, warnings = None, []
     if merge_is_due(outer_step, rules.merge_every, len(decided)):
-        merge = plan_merge(decided, policy=rules.merge_policy, num_workers=len(reports))
+        planning = decided
+        if rules.merge_batch_rule == "preserve_total":
+            # Demand and merge weights count the samples each instance processed per inner step this round (switch
+            # mode may have run fewer than requested), not next round's requests.
+            planning = [replace(d, demand=float(lines[d.id].batch_size_used * len(d.workers))) for d in decided]
+        merge = plan_merge(
+            planning, policy=rules.merge_policy, num_workers=len(reports), batch_rule=rules.merge_batch_rule
+        )
         warnings = merge_warnings(merge, outer_step=outer_step)
         decided = list(merge.after)
         lines[merge.survivor].merged_from = [merge.merged]

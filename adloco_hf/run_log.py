@@ -2,7 +2,9 @@
 
 Global rank 0 writes both into the run's `output_dir`: one line per instance per round to `adloco_rounds.jsonl`
 (the keys of `ROUND_KEYS` and a few more) and one line per evaluation to `adloco_eval.jsonl`, whose `instance` is
-an int id or `MERGED` for the final merged model. JSON has no NaN, so non-finite numbers are written as `null`.
+an int id or `MERGED` for a merged model: the final one (`final`: true; lines written before `final` existed are
+final ones too) or, with `eval_merged_model`, the merge of the instances evaluated while they train (`final`:
+false). JSON has no NaN, so non-finite numbers are written as `null`.
 
 Reading needs neither torch nor a process group: `load_rounds` and `load_evals` work on a finished run, on one
 still training, and on one that crashed in the middle of writing a line.
@@ -33,7 +35,7 @@ __all__ = [
 
 ROUNDS_FILE = "adloco_rounds.jsonl"
 EVAL_FILE = "adloco_eval.jsonl"
-MERGED = "merged"  # the `instance` of the final merged model's evaluation lines
+MERGED = "merged"  # the `instance` of a merged model's evaluation lines (`final`: false while training)
 # The keys of DESIGN §4 (contract); lines carry a few more (tokens, total_tokens, elapsed_seconds, skipped, ...).
 ROUND_KEYS = (
     "outer_step",
@@ -76,8 +78,9 @@ class RunLog:
         self.eval_path = os.path.join(output_dir, EVAL_FILE)
 
     def start(self, *, resumed_outer_step: int | None, resumed_global_step: int | None) -> None:
-        """A fresh run starts empty files; a resumed run keeps only what happened up to its checkpoint (the merged
-        model's evaluation comes after the last one: a run resumed from it evaluates the merged model again)."""
+        """A fresh run starts empty files; a resumed run keeps only what happened up to its checkpoint (the final
+        merged model's evaluation comes after the last one: a run resumed from it evaluates the merged model again;
+        the merges evaluated while training, `final`: false, are kept like the instances' lines)."""
         os.makedirs(self.output_dir, exist_ok=True)
         if resumed_outer_step is None:
             for path in (self.rounds_path, self.eval_path):
@@ -86,7 +89,10 @@ class RunLog:
         self._truncate(self.rounds_path, lambda line: line.get("outer_step", 0) <= resumed_outer_step)
         self._truncate(
             self.eval_path,
-            lambda line: line.get("global_step", 0) <= resumed_global_step and line.get("instance") != MERGED,
+            lambda line: (
+                line.get("global_step", 0) <= resumed_global_step
+                and (line.get("instance") != MERGED or line.get("final") is False)
+            ),
         )
 
     @staticmethod
@@ -167,7 +173,8 @@ def load_rounds(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
 def load_evals(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """Read `adloco_eval.jsonl`: one dict per evaluation, ordered by global step; `[]` when there is none.
 
-    `instance` is an int id, or `MERGED` (`"merged"`) for the final merged model.
+    `instance` is an int id, or `MERGED` (`"merged"`) for a merged model: the final one, or (`final` false) the
+    instances' merge evaluated while training (`eval_merged_model`).
     """
     path = Path(output_dir) / EVAL_FILE
     if not path.is_file():

@@ -302,9 +302,13 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         While several instances train, each instance's global model is evaluated on the whole eval set by its own
         workers (each predicts a shard; `compute_metrics` runs once per instance on the joined predictions) and
         logged as `{prefix}_instance_{i}_{metric}`; the top-level `{prefix}_{metric}` is the demand-weighted mean of
-        the instances' values (a mean of instances, not one model's; a causal LM's perplexity is that of the mean
-        loss). With one instance (or after the final merge) all workers share the eval set and `compute_metrics`
-        runs through the Trainer's `evaluation_loop`. A dict of datasets is evaluated name by name with the prefix
+        the instances' values (a causal LM's perplexity is that of the mean loss). That mean is no model's loss: no
+        single model achieves it, and the merge of instances that drifted apart can be far worse; it is also logged
+        under its honest name, `{prefix}_instances_mean_loss` (and `_perplexity`). With `eval_merged_model=True`
+        every evaluation also evaluates the model the final merge would produce now (all workers share the eval
+        set; their own weights are put back exactly afterwards) as `{prefix}_merged_loss`, `_perplexity` and
+        `{prefix}_merged_{metric}`. With one instance (or after the final merge) all workers share the eval set and
+        `compute_metrics` runs through the Trainer's `evaluation_loop`. A dict of datasets is evaluated name by name with the prefix
         `{prefix}_{name}`, and a name evaluates that dataset of `self.eval_dataset`, as `Trainer.evaluate` does;
         every line of `adloco_eval.jsonl` names its `dataset` (None for a single eval dataset).
         """

@@ -39,8 +39,16 @@ from .grad_stats import GradientStatisticsCollector
 from .health import SkippedRoundsError, final_merge_warnings
 from .initialise import initialise_weights, resolve_max_batch_size
 from .instances import Instance, MergePlan, initial_instances, instance_of
-from .lr_scaling import apply_lr_factor, check_scheduler, lr_factor
-from .outer import DTYPES, GlobalModel
+from .lr_scaling import (
+    ADAM_RULES,
+    adam_hyperparameters,
+    apply_adam_scaling,
+    apply_lr_factor,
+    check_adam_optimizer,
+    check_scheduler,
+    lr_factor,
+)
+from .outer import GlobalModel
 from .preemption import Preemption
 from .rng import get_rng_state, set_rng_state
 from .round_tally import RoundTally
@@ -78,6 +86,11 @@ class Worker:
         self.rank = get_rank()
         self.world_size = get_world_size()
         self.groups = ProcessGroupCache(timeout=args.worker_timeout)
+        # An overlapped outer step's all-reduce is in flight while the next round runs (evaluation gathers, the
+        # round's reports): it gets groups of its own, so the two never share one, even when an instance is the world.
+        self.outer_groups = (
+            ProcessGroupCache(timeout=args.worker_timeout, own_world_group=True) if args.outer_overlap else self.groups
+        )
         self.run_log = RunLog(args.output_dir)
         self.monitor = WorkerMonitor(args.worker_timeout, connect=False)  # plain barriers until `start` connects one
         self.instances: list[Instance] = []
@@ -95,6 +108,7 @@ class Worker:
         self._rng_to_restore: dict[str, Any] | None = None
         self._train_start = time.time()
         self._base_lrs: list[float] = []  # the scheduler's rates before lr_batch_scaling
+        self._base_adam: list[dict] = []  # the groups' betas, eps, weight_decay before 'sqrt_adam'
         self._model = self._optimizer = self._scheduler = self._sampler = self._scaler = None
         self.max_steps = 0  # the Trainer's, set by `start`: the last round may end early
 
@@ -127,6 +141,9 @@ class Worker:
         )
         if self.args.lr_batch_scaling != "none":
             check_scheduler(lr_scheduler)
+        if self.args.lr_batch_scaling in ADAM_RULES:
+            check_adam_optimizer(optimizer)
+            self._base_adam = adam_hyperparameters(optimizer)
         self._base_lrs = list(getattr(lr_scheduler, "base_lrs", []))
         resume = self._pending
         if resume is None:
@@ -167,6 +184,7 @@ class Worker:
         # Every rank creates the groups of every instance, in id order: new_group is collective.
         for inst in sorted(self.instances, key=lambda x: x.id):
             self.groups.get(inst.workers)
+            self.outer_groups.get(inst.workers)
 
     @property
     def instance(self) -> Instance:
@@ -185,6 +203,9 @@ class Worker:
         if self.args.lr_batch_scaling != "none":
             factor = lr_factor(self.args.lr_batch_scaling, self.plan.batch_size, self.args.per_device_train_batch_size)
             apply_lr_factor(self._optimizer, self._scheduler, self._base_lrs, factor)
+        if self.args.lr_batch_scaling in ADAM_RULES:
+            initial = self.args.per_device_train_batch_size
+            apply_adam_scaling(self._optimizer, self._base_adam, self.plan.batch_size, initial)
 
     # ---- inner steps ----
     def is_round_end(self, step: int) -> bool:
@@ -248,12 +269,9 @@ class Worker:
         self.outer_step += 1
         inst = self.instance
         started = time.perf_counter()
-        result = self.global_model.outer_step(
-            group=self.groups.get(inst.workers),
-            num_workers=len(inst.workers),
-            dtype=DTYPES[self.args.pseudo_grad_dtype],
-        )
-        if result.skipped:
+        group = self.outer_groups.get(inst.workers)
+        result = self.global_model.outer_step(group=group, num_workers=len(inst.workers))
+        if result.skipped or not result.local_finite:
             self._clean_inner_optimizer()
         tally = self._tally
         report = WorkerReport(
@@ -322,6 +340,10 @@ class Worker:
                     torch.nan_to_num_(value, nan=0.0, posinf=0.0, neginf=0.0)
 
     def _merge(self, plan: MergePlan) -> MergeResult:
+        # Overlapped outer steps: every worker applies its instance's average in flight first, so that the workers
+        # of each instance hold the same φ (all ranks merge in the same round, so all of them settle here).
+        self.global_model.settle()
+        workers_before = self.instance.workers
         result, changed_instance = merging.merge_at_round_end(
             plan,
             f"merge at round {self.outer_step}",
@@ -332,9 +354,13 @@ class Worker:
             save=self.args.save_merges,
             monitor=self.monitor,
             hint=self.resume_hint,
+            transport=self.args.merge_transport,
+            groups=self.groups,  # every rank creates the merge's groups here, in the same order
         )
         if changed_instance:
             self.collector.forget()  # its kept gradient belongs to the old instance's weights
+        if instance_of(plan.after, self.rank).workers != workers_before or changed_instance:
+            self.global_model.reduce.reset_error_feedback()  # the residual belonged to the old ring
         self.totals.merges += 1
         return result
 
@@ -347,6 +373,7 @@ class Worker:
             for warning in final_merge_warnings(self.instances):
                 logger.warning(warning)
         with self.monitor.watch("final merge", self.resume_hint):
+            self.global_model.settle()  # overlapped: the last round's average, so every instance's workers agree
             group = self.monitor.message_group
             sent = merging.final_merge(self.instances, rank=self.rank, global_model=self.global_model, group=group)
         rows = self.monitor.gather_rows([sent], "final merge", self.resume_hint)
@@ -390,6 +417,7 @@ class Worker:
             "instances": [i.to_row() for i in self.instances],
             "max_batch_size": self.max_batch_size,
             "base_lrs": self._base_lrs,
+            "base_adam": self._base_adam,
             "global_model": self.global_model.state_dict(),
             "inner_optimizer": self._optimizer.state_dict(),
             "sampler": self._sampler.state_dict(),
@@ -410,6 +438,7 @@ class Worker:
         self.max_batch_size = int(state["max_batch_size"])
         # The scheduler was loaded from rank 0's files, scaled for rank 0's batch: start again from the unscaled rates.
         self._base_lrs = list(state.get("base_lrs") or self._base_lrs)
+        self._base_adam = [dict(group) for group in state.get("base_adam") or self._base_adam]  # likewise
         self.totals = RunTotals(**state["totals"])
         self._train_start = time.time()
         self.global_model.load_state_dict(state["global_model"])

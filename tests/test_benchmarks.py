@@ -213,6 +213,202 @@ def test_method_specs_share_everything_but_their_own_settings(tmp_path):
         convergence.shared_settings(convergence.parse_args(["--set", "adloco.no_such_key=1"]))
 
 
+# The compression and overlap variants: (base method, the settings they change).
+VARIANTS = {
+    "diloco_int8": ("diloco", {"pseudo_grad_compression": "int8"}),
+    "diloco_int4": ("diloco", {"pseudo_grad_compression": "int4"}),
+    "diloco_overlap": ("diloco", {"outer_overlap": True}),
+    "diloco_overlap_int4": ("diloco", {"outer_overlap": True, "pseudo_grad_compression": "int4"}),
+    "adloco_int8": ("adloco", {"pseudo_grad_compression": "int8"}),
+    "adloco_int4": ("adloco", {"pseudo_grad_compression": "int4"}),
+    "adloco_overlap": ("adloco", {"outer_overlap": True}),
+    "diloco_overlap_eager": ("diloco", {"outer_overlap": True, "outer_overlap_local_weight": None}),
+    # The controller's ablations, against the paper's rules (issue 14).
+    "adloco_keep": ("adloco_paper", {"nonpositive_signal": "keep"}),
+    "adloco_smooth": ("adloco_paper", {"batch_size_smoothing": 0.5, "nonpositive_signal": "keep"}),
+    "adloco_preserve": ("adloco_paper", {"merge_batch_rule": "preserve_total"}),
+    "adloco_noise_scale": (
+        "adloco_paper",
+        {"batch_size_smoothing": 0.5, "nonpositive_signal": "keep", "batch_size_target": "noise_scale"},
+    ),
+    "adloco_controller": (
+        "adloco_paper",
+        {"batch_size_smoothing": 0.5, "nonpositive_signal": "keep", "merge_batch_rule": "preserve_total"},
+    ),
+    "adloco_sqrt_adam": ("adloco_paper", {"lr_batch_scaling": "sqrt_adam"}),
+}
+
+
+def test_compression_and_overlap_variants_change_only_their_settings_and_make_a_valid_config(tmp_path):
+    from adloco_hf import AdLoCoConfig
+    from recipes.benchmarks import _convergence_worker as worker
+
+    nine = ("ddp", "diloco", "adloco", "diloco_matched", "adloco_no_adaptive", "adloco_no_merge", "adloco_no_switch",
+            "adloco_paper_outer", "adloco_sqrt_lr")  # fmt: skip
+    assert convergence.DEFAULT_METHODS == nine
+    assert convergence.parse_args([]).methods == list(nine)  # the variants run only when named
+    assert set(convergence.METHODS) == set(nine) | set(VARIANTS) | {"adloco_paper"}
+    args = convergence.parse_args(["--quick", "--methods", *VARIANTS])
+    assert args.methods == list(VARIANTS) and convergence.run_order(args.methods) == list(VARIANTS)
+    settings = convergence.shared_settings(args)
+    for name, (base, changed) in VARIANTS.items():
+        assert name not in nine and convergence.METHODS[name]["variant_of"] == base
+        spec = convergence.method_spec(name, settings, str(tmp_path))
+        reference = convergence.method_spec(base, settings, str(tmp_path))
+        assert set(spec["adloco"]) == set(reference["adloco"]) and spec["train"] == reference["train"]
+        diff = {k: v for k, v in spec["adloco"].items() if reference["adloco"][k] != v}
+        assert diff == changed, name
+        spec["backend"] = None  # built in this process: no process group to form
+        config = worker.make_arguments(spec)
+        assert isinstance(config, AdLoCoConfig)
+        assert config.num_instances == (1 if base == "diloco" else 4)
+        assert config.pseudo_grad_compression == changed.get("pseudo_grad_compression", "none")
+        assert config.outer_overlap is changed.get("outer_overlap", False)
+        assert config.compression_block_size == 256
+    # The shared block size reaches every method, and AdLoCoConfig refuses a bad one.
+    settings = convergence.shared_settings(
+        convergence.parse_args(["--quick", "--set", "adloco.compression_block_size=3"])
+    )
+    spec = convergence.method_spec("diloco_int4", settings, str(tmp_path))
+    assert spec["adloco"]["compression_block_size"] == 3
+    spec["backend"] = None
+    with pytest.raises(ValueError, match="compression_block_size"):
+        worker.make_arguments(spec)
+
+
+def test_a_variant_is_compared_with_its_base_method_too():
+    methods = {
+        "diloco": _method(1000, [[0, 1000.0], [1000, 80.0]], 20_000, wall=10.0),
+        "adloco": _method(1000, [[0, 1000.0], [1000, 100.0]], 12_000, wall=10.0),
+        "adloco_int8": _method(1000, [[0, 1000.0], [1000, 101.0]], 6_000, wall=8.0),
+        "diloco_int4": _method(1000, [[0, 1000.0], [1000, 88.0]], 5_000, wall=12.0),
+    }
+    summary = convergence.compare(methods)
+    int8, int4 = methods["adloco_int8"], methods["diloco_int4"]
+    assert int8["ppl_vs_adloco"] == pytest.approx(1.01) and int8["ppl_vs_diloco"] == pytest.approx(101 / 80)
+    assert int8["bytes_vs_adloco"] == pytest.approx(0.5) and int8["wall_vs_adloco"] == pytest.approx(0.8)
+    assert int4["ppl_vs_diloco"] == pytest.approx(1.1) and int4["bytes_vs_diloco"] == pytest.approx(0.25)
+    assert "ppl_vs_adloco" not in int4 and "ppl_vs_adloco" not in methods["adloco"]
+    report = convergence.format_report({"methods": methods, **summary})
+    assert (
+        "adloco_int8 vs adloco: ppl at equal tokens 1.010 (1 seed), bytes (model) 0.500x, bytes (measured) 0.500x, "
+        "wall 0.800x"
+    ) in report
+    assert "diloco_int4 vs diloco: ppl at equal tokens 1.100 (1 seed), bytes (model) 0.250x" in report
+    assert "adloco vs" not in report and "diloco vs" not in report
+    rows = [line for line in report.splitlines() if line.startswith("| adloco_int8 ")]
+    assert len(rows) == 1 and rows[0].count("(1 seed)") == 1  # its ppl/diloco cell (no ddp ran: ppl/ddp is -)
+
+
+def test_the_round_log_keeps_the_slowest_instances_timings(tmp_path):
+    from recipes.benchmarks import _convergence_worker as worker
+
+    def line(step, instance, comm_seconds, merge_seconds=0.0):
+        return {"outer_step": step, "instance": instance, "global_step": 25 * step, "total_tokens": 1000 * step,
+                "num_instances": 2, "workers": [2 * instance, 2 * instance + 1], "batch_size": 4, "samples": 200,
+                "accumulation_steps": 1, "comm_bytes": 100, "comm_seconds": comm_seconds, "outer_seconds":
+                comm_seconds + 0.01, "merge_seconds": merge_seconds, "merged_from": [1] if merge_seconds else []}  # fmt: skip
+
+    lines = [line(1, 0, 0.5), line(1, 1, 0.75), line(2, 0, 0.25, merge_seconds=2.0), line(2, 1, 0.125)]
+    (tmp_path / "adloco_rounds.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rounds = worker.adloco_rounds(str(tmp_path))
+    assert [r["comm_seconds"] for r in rounds] == [0.75, 0.25]  # the round's slowest instance
+    assert [r["outer_seconds"] for r in rounds] == pytest.approx([0.76, 0.26])
+    assert [r["merge_seconds"] for r in rounds] == [0.0, 2.0] and [r["merged"] for r in rounds] == [False, True]
+    assert [r["comm_bytes"] for r in rounds] == [200, 200] and rounds[1]["global_step"] == 50
+
+
+def test_the_step_clock_and_the_round_marks(monkeypatch):
+    from types import SimpleNamespace
+
+    from recipes.benchmarks import _convergence_worker as worker
+
+    now = [100.0]
+    monkeypatch.setattr(worker.time, "perf_counter", lambda: now[0])
+    trainer = SimpleNamespace(
+        adloco_state=SimpleNamespace(last_round_step=0), bench_start_time=100.0, bench_eval_seconds=0.0
+    )
+    clock = worker.StepClock()
+    marks = worker.RoundMarks(trainer, clock)
+    for step in range(1, 5):  # rounds of 2 steps: each step 1.5 s, then 0.5 s outside it (the round's end ...)
+        state = SimpleNamespace(global_step=step)
+        clock.on_step_begin(None, state, None)
+        now[0] += 1.5
+        clock.on_step_end(None, state, None)
+        if step % 2 == 0:
+            trainer.adloco_state.last_round_step = step
+        marks.on_step_end(None, state, None)
+        now[0] += 0.5
+        if step == 2:
+            trainer.bench_eval_seconds += 3.0  # an evaluation after round 1's end
+            now[0] += 3.0
+    assert clock.steps == 4 and clock.seconds == pytest.approx(6.0)
+    assert marks.marks == [[2, pytest.approx(3.5), 0.0, pytest.approx(3.0)], [4, pytest.approx(10.5), 3.0, 6.0]]
+    # What links.py makes of them: one round after the first, 4 s of wall (10.5 - 3.5 - 3 s of evaluation), 3 s of it
+    # in inner steps.
+    from recipes.benchmarks import links
+
+    steady = links.steady_rounds([marks.marks])
+    assert steady["wall_seconds_per_round"] == pytest.approx(4.0)
+    assert steady["compute_seconds_per_round"] == pytest.approx(3.0)
+
+
+def test_the_curve_follows_the_merged_model_and_keeps_the_instances_mean(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from recipes.benchmarks import _convergence_worker as worker
+
+    class Evaluated:
+        def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+            return dict(self.metrics)
+
+    class Bench(worker.BenchmarkMixin, Evaluated):
+        state = SimpleNamespace(global_step=10)
+
+    monkeypatch.setattr(worker, "socket_bytes_sent", lambda: None)
+    bench = Bench()
+    bench.bench_setup(tokens_so_far=lambda: 100, bytes_so_far=lambda: 5, rounds_so_far=lambda: 1)
+    several = {"eval_loss": 2.0, "eval_instance_0_loss": 1.5, "eval_instance_1_loss": 2.5}
+    for metrics in (several, {**several, "eval_merged_loss": 3.0}, {"eval_loss": 1.0}):
+        bench.metrics = metrics
+        bench.evaluate()
+    points = bench.bench_points
+    assert [p["curve_source"] for p in points] == ["instances_mean", "merged", "model"]
+    assert [p["eval_ppl"] for p in points] == [pytest.approx(math.exp(v)) for v in (2.0, 3.0, 1.0)]
+    assert [p["instances_mean_ppl"] for p in points] == [pytest.approx(math.exp(v)) for v in (2.0, 2.0, 1.0)]
+    assert worker.curve_kind(["merged", "model"]) == "merged"
+    assert worker.curve_kind(["instances_mean", "model"]) == "instances_mean"
+    assert worker.curve_kind(["model"]) == "model"
+
+    # Every multi-instance method evaluates its merged model; one instance has nothing to merge.
+    settings = convergence.shared_settings(convergence.parse_args(["--quick"]))
+    for name, method in convergence.METHODS.items():
+        if method["kind"] == "ddp":
+            continue
+        spec = convergence.method_spec(name, settings, str(tmp_path), matched_batch_size=6)
+        assert spec["adloco"]["eval_merged_model"] is (spec["adloco"]["num_instances"] > 1), name
+        spec["backend"] = None  # built in this process: no process group to form
+        assert worker.make_arguments(spec).eval_merged_model is spec["adloco"]["eval_merged_model"]
+
+    # The report says what a curve is; the instances' mean is averaged over seeds like the curve.
+    merged = convergence.aggregate(
+        {
+            1: _seed_run([[500, 100.0]], curve_kind="merged", curve_instances_mean=[[0, 1000.0], [500, 50.0]]),
+            2: _seed_run([[500, 400.0]], curve_kind="merged", curve_instances_mean=[[0, 1000.0], [500, 200.0]]),
+        }
+    )
+    assert merged["curve_kind"] == "merged"
+    assert convergence.interpolate_curve(merged["curve_instances_mean"], 500) == pytest.approx(100.0)
+    older = _seed_run([[500, 100.0]])  # written before curve_kind: several instances meant their mean
+    older["evals"][0]["instance_losses"] = {"0": 4.0, "1": 5.0}
+    assert convergence.aggregate({1: older})["curve_kind"] == "instances_mean"
+    assert convergence.aggregate({1: _seed_run([[500, 100.0]])})["curve_kind"] == "model"
+    report = convergence.format_report(
+        {"methods": {"adloco": merged, "ddp": convergence.aggregate({1: _seed_run([[500, 90.0]])})}}
+    )
+    assert "adloco: its curve is the merged model's" in report and "ddp:" not in report
+
+
 def test_step_bounds_cover_the_budget(tmp_path):
     from recipes.benchmarks import _convergence_worker as worker
 

@@ -34,6 +34,7 @@ def test_defaults_are_valid_and_decouple_the_workers(tmp_path):
         (dict(nu=0.0), "nu"),
         (dict(switch_threshold=0.5), "switch_threshold"),
         (dict(merge_policy="random"), "merge_policy"),
+        (dict(merge_transport="ring"), "merge_transport"),
         (dict(instance_init="zeros"), "instance_init"),
         (dict(batch_size_test="variance"), "batch_size_test"),
         (dict(pseudo_grad_dtype="int8"), "pseudo_grad_dtype"),
@@ -95,6 +96,8 @@ def test_command_line_parsing_of_adloco_fields(tmp_path):
 def test_adloco_settings_for_model_cards(tmp_path):
     settings = make(tmp_path, num_instances=3).adloco_settings
     assert settings["num_instances"] == 3 and settings["inner_steps"] == 10
+    assert settings["merge_transport"] == "all_reduce"  # the default
+    assert make(tmp_path, merge_transport="point_to_point").adloco_settings["merge_transport"] == "point_to_point"
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import datasets
 import pytest
 import torch
 from helpers import SCRIPTS, launch, sequence_dataset, tiny_model
+from safetensors.torch import load_file
 from torch import nn
 from transformers import BertConfig, BertForSequenceClassification, default_data_collator
 
@@ -17,7 +18,7 @@ from adloco_hf.evaluation import combine_instance_metrics
 from adloco_hf.plotting import plot_run
 from adloco_hf.predictions import is_causal_lm
 from adloco_hf.report import format_summary, summarize_records, summarize_run
-from adloco_hf.run_log import load_evals
+from adloco_hf.run_log import MERGED, RunLog, load_evals, load_rounds
 
 
 def tiny_classifier(seed: int = 0) -> BertForSequenceClassification:
@@ -207,3 +208,119 @@ def test_causal_lms_are_told_from_other_models():
     assert is_causal_lm(peft.get_peft_model(tiny_model(), lora))
     classifier = peft.LoraConfig(r=2, target_modules=["query", "value"], task_type="SEQ_CLS")
     assert not is_causal_lm(peft.get_peft_model(tiny_classifier(), classifier))
+
+
+def test_several_instances_report_their_mean_under_its_own_name():
+    per_instance = {0: {"loss": 1.0, "accuracy": 0.5}, 1: {"loss": 2.0, "accuracy": 0.8}}
+    metrics = combine_instance_metrics(per_instance, {0: 1.0, 1: 3.0}, "eval", causal_lm=True)
+    assert metrics["eval_instances_mean_loss"] == metrics["eval_loss"] == pytest.approx(1.75)
+    assert metrics["eval_instances_mean_perplexity"] == metrics["eval_perplexity"] == pytest.approx(math.exp(1.75))
+    assert "eval_instances_mean_accuracy" not in metrics  # loss and perplexity only
+    classifier = combine_instance_metrics(per_instance, {0: 1.0, 1: 3.0}, "eval_in", causal_lm=False)
+    assert "eval_in_instances_mean_loss" in classifier and "eval_in_instances_mean_perplexity" not in classifier
+    one = combine_instance_metrics({0: {"loss": 1.0}}, {0: 1.0}, "eval", causal_lm=True)
+    assert not any("instances_mean" in key for key in one)
+
+
+def test_a_resume_keeps_the_merges_evaluated_while_training(tmp_path):
+    log = RunLog(str(tmp_path))
+    log.start(resumed_outer_step=None, resumed_global_step=None)
+    lines = [
+        {"global_step": 10, "instance": 0, "eval_loss": 2.5},
+        {"global_step": 10, "instance": MERGED, "final": False, "eval_loss": 2.9},
+        {"global_step": 20, "instance": 0, "eval_loss": 2.2},
+        {"global_step": 20, "instance": MERGED, "final": False, "eval_loss": 2.6},
+        {"global_step": 20, "instance": MERGED, "final": True, "eval_loss": 2.6},
+        {"global_step": 20, "instance": MERGED, "eval_loss": 2.6},  # a final line written before `final` existed
+    ]
+    log.write_eval(lines)
+    RunLog(str(tmp_path)).start(resumed_outer_step=2, resumed_global_step=20)
+    assert load_evals(tmp_path) == lines[:4]
+
+
+def _merged_eval_run(tmp_path, name: str, eval_merged_model: bool) -> tuple[str, list[dict]]:
+    out, probe = str(tmp_path / name), str(tmp_path / f"{name}-probe")
+    spec = {
+        "output_dir": out,
+        "world_size": 2,
+        "probe_dir": probe,
+        "num_eval": 45,
+        "eval_merged_model": eval_merged_model,
+    }
+    launch(os.path.join(SCRIPTS, "merged_eval_worker.py"), json.dumps(spec), num_processes=2)
+    reports = [json.load(open(os.path.join(probe, f"report-rank{r}.json"))) for r in range(2)]
+    assert [r["world_size"] for r in reports] == [2, 2]
+    return out, reports
+
+
+def _direct_metrics(phi: torch.Tensor, dataset) -> dict[str, float]:
+    """Loss (every label counts: the token-weighted cross-entropy) and token accuracy of the weights `phi`."""
+    model = tiny_model()
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert phi.numel() == sum(p.numel() for p in params)
+    with torch.no_grad():
+        offset = 0
+        for p in params:
+            p.copy_(phi[offset : offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        batch = default_data_collator([dataset[i] for i in range(len(dataset))])
+        output = model(input_ids=batch["input_ids"], labels=batch["labels"])
+    accuracy = (output.logits[:, :-1].argmax(-1) == batch["labels"][:, 1:]).float().mean().item()
+    return {"loss": output.loss.item(), "token_accuracy": accuracy}
+
+
+@pytest.mark.multiprocess
+def test_the_merged_model_is_evaluated_while_training_and_training_is_unaffected(tmp_path):
+    out, reports = _merged_eval_run(tmp_path, "merged", eval_merged_model=True)
+    eval_set = sequence_dataset(256).select(range(45))
+    during = {e["step"]: e for e in reports[0]["evaluations"] if not e["final_merged"]}
+    assert set(during) == {10, 20}
+    for step, entry in during.items():
+        metrics, instances = entry["metrics"], entry["instances"]
+        # Two instances of one worker each: rank r is instance r. The average the final merge would take now,
+        # computed here from each instance's φ (every instance has trained: demand-weighted).
+        assert {i: workers for i, (workers, _, _) in instances.items()} == {"0": [0], "1": [1]}
+        assert all(trained for _, _, trained in instances.values())
+        demand = {int(i): d for i, (_, d, _) in instances.items()}
+        phis = {r: torch.load(os.path.join(tmp_path, "merged-probe", f"phi-rank{r}-step{step}.pt")) for r in (0, 1)}
+        averaged = sum(demand[r] * phis[r].double() for r in (0, 1)) / sum(demand.values())
+        direct = _direct_metrics(averaged.float(), eval_set)
+        assert metrics["eval_merged_loss"] == pytest.approx(direct["loss"], abs=1e-5)
+        assert metrics["eval_merged_perplexity"] == pytest.approx(math.exp(metrics["eval_merged_loss"]))
+        assert metrics["eval_merged_token_accuracy"] == pytest.approx(direct["token_accuracy"], abs=1e-6)
+        # The top-level loss is the instances' mean, under its own name too, and not the merged model's.
+        instance_losses = {i: metrics[f"eval_instance_{i}_loss"] for i in (0, 1)}
+        mean = sum(demand[i] * instance_losses[i] for i in (0, 1)) / sum(demand.values())
+        assert metrics["eval_instances_mean_loss"] == metrics["eval_loss"] == pytest.approx(mean)
+        assert metrics["eval_instances_mean_perplexity"] == pytest.approx(math.exp(mean))
+        assert abs(metrics["eval_merged_loss"] - mean) > 1e-3  # independently initialised: another model
+        for report in reports:  # every worker logged the same numbers and got its own weights back, bit for bit
+            mine = next(e for e in report["evaluations"] if e["step"] == step and not e["final_merged"])
+            assert mine["metrics"]["eval_merged_loss"] == metrics["eval_merged_loss"]
+            assert mine["params_are_own_phi"]
+    lines = load_evals(out)
+    assert [(line["global_step"], line["instance"], line.get("final")) for line in lines] == [
+        (10, 0, None), (10, 1, None), (10, "merged", False), (20, 0, None), (20, 1, None), (20, "merged", False),
+        (20, "merged", True),
+    ]  # fmt: skip
+    for line in lines[:-1]:
+        if line["instance"] == MERGED:
+            assert line["eval_loss"] == during[line["global_step"]]["metrics"]["eval_merged_loss"]
+    # The final merge is the model evaluated at the last step: the same loss, up to the order of the sums.
+    assert lines[-1]["eval_loss"] == pytest.approx(lines[-2]["eval_loss"], abs=1e-5)
+
+    # The same run without it trains bit for bit the same: the same final merged model and rounds.
+    plain_out, plain_reports = _merged_eval_run(tmp_path, "plain", eval_merged_model=False)
+    plain_metrics = next(e["metrics"] for e in plain_reports[0]["evaluations"] if e["step"] == 10)
+    assert not any("merged" in key for key in plain_metrics) and "eval_instances_mean_loss" in plain_metrics
+    merged_model = load_file(os.path.join(out, "merged", "model.safetensors"))
+    plain_model = load_file(os.path.join(plain_out, "merged", "model.safetensors"))
+    assert merged_model.keys() == plain_model.keys()
+    assert all(torch.equal(merged_model[name], plain_model[name]) for name in merged_model)
+    rounds = [(r["outer_step"], r["instance"], r["train_loss"], r["pseudo_grad_norm"]) for r in load_rounds(out)]
+    assert rounds == [
+        (r["outer_step"], r["instance"], r["train_loss"], r["pseudo_grad_norm"]) for r in load_rounds(plain_out)
+    ]
+    assert [line for line in load_evals(plain_out) if line["instance"] != MERGED] == [
+        line for line in lines if line["instance"] != MERGED
+    ]

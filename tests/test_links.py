@@ -229,6 +229,126 @@ def test_results_layout_checks_and_report(tmp_path):
     assert "training-window link bytes / (model bytes + start broadcast) = 1.000" in check_lines[1]
 
 
+# ---- per round: bytes, wall and compute-only seconds; time to diloco's perplexity; variants against their base ----
+# Two workers' round marks: [global_step, training seconds, evaluation seconds so far, inner-step seconds so far].
+MARKS = [
+    [[25, 10.0, 0.0, 8.0], [50, 25.0, 3.0, 18.0], [75, 38.0, 3.0, 28.0], [100, 55.0, 6.0, 38.0]],
+    [[25, 10.5, 0.0, 9.0], [50, 25.5, 3.0, 20.0], [75, 38.5, 3.0, 31.0], [100, 56.5, 6.1, 42.0]],
+]
+ROUND_LOG = [{"global_step": 25 * k, "comm_seconds": c} for k, c in ((1, 9.0), (2, 2.0), (3, 3.0), (4, 4.0))]
+
+
+def test_steady_rounds_leave_out_the_first_round_and_the_evaluations():
+    steady = links.steady_rounds(MARKS)
+    # Rounds 2 to 4: rank 0 ((55 - 10) - 6) / 3 = 13.0 s, rank 1 ((56.5 - 10.5) - 6.1) / 3 = 13.3 s: the slowest.
+    assert steady["rounds"] == 3 and (steady["after_step"], steady["to_step"]) == (25, 100)
+    assert steady["wall_seconds_per_round"] == pytest.approx(13.3)
+    assert steady["compute_seconds_per_round"] == pytest.approx(11.0)  # rank 1: (42 - 9) / 3
+    assert links.steady_rounds(None) is None and links.steady_rounds([None, []]) is None
+    assert links.steady_rounds([[[25, 1.0, 0.0, 1.0]]]) is None  # one round: no interval
+
+
+def test_per_round_figures_of_an_adloco_run_and_of_ddp():
+    result = {"rounds": 4, "steps": 100, "comm_bytes": 4_000_000, "wall_seconds": 60.0}
+    figures = links.per_round(
+        {**result, "round_marks_per_rank": MARKS, "round_log": ROUND_LOG}, link_bytes_training=5_200_000,
+        broadcast=1_200_000,
+    )  # fmt: skip
+    assert figures["rounds"] == 4 and figures["steady_rounds"] == 3
+    assert figures["link_bytes_per_round"] == pytest.approx(1_000_000)  # the start broadcast taken out
+    assert figures["model_bytes_per_round"] == pytest.approx(1_000_000)
+    assert figures["wall_seconds_per_round"] == pytest.approx(15.0)  # the whole window: 60 s / 4
+    assert figures["steady_wall_seconds_per_round"] == pytest.approx(13.3)
+    assert figures["compute_seconds_per_round"] == pytest.approx(11.0)
+    assert figures["steady_vs_compute"] == pytest.approx(13.3 / 11.0)
+    assert figures["blocked_seconds_per_round"] == pytest.approx(3.0)  # rounds 2-4: (2 + 3 + 4) / 3
+    # An older rounds file without comm_seconds, no marks, no link counts: unknown, not 0.
+    old_log = [{"global_step": r["global_step"]} for r in ROUND_LOG]
+    stale = links.per_round({**result, "round_marks_per_rank": MARKS, "round_log": old_log}, None, None)
+    assert stale["blocked_seconds_per_round"] is None and stale["compute_seconds_per_round"] == pytest.approx(11.0)
+    bare = links.per_round(result, None, None)
+    assert bare["link_bytes_per_round"] is None and bare["compute_seconds_per_round"] is None
+    assert bare["steady_wall_seconds_per_round"] is None and bare["wall_seconds_per_round"] == pytest.approx(15.0)
+    # DDP: one all-reduce per step, no rounds file: per step, and no compute-only time.
+    ddp = links.per_round(
+        {"rounds": None, "steps": 200, "comm_bytes": 2e9, "wall_seconds": 100.0}, 2_000_012_000, 12_000
+    )
+    assert ddp["rounds"] == 200 and ddp["link_bytes_per_round"] == pytest.approx(1e7)
+    assert ddp["wall_seconds_per_round"] == pytest.approx(0.5) and ddp["compute_seconds_per_round"] is None
+    assert ddp["blocked_seconds_per_round"] is None and ddp["steady_vs_compute"] is None
+
+
+def test_time_to_diloco_ppl_and_variants_against_their_base():
+    def run(curve, link, steady):
+        return {"curve": curve, "final_eval_ppl": curve[-1][2], "wall_seconds": curve[-1][0],
+                "link_bytes_per_round": link, "steady_wall_seconds_per_round": steady}  # fmt: skip
+
+    bandwidths = {
+        "10mbit": {
+            "ddp": {"error": "exit 1"},
+            "diloco": run([[0.0, 0, 4000.0], [20.0, 100, 400.0], [40.0, 200, 200.0]], 8e6, 4.0),
+            "diloco_int4": run([[0.0, 0, 4000.0], [10.0, 100, 300.0], [20.0, 200, 150.0]], 2e6, 2.0),
+            "diloco_overlap": run([[0.0, 0, 4000.0], [10.0, 100, 500.0], [20.0, 200, 250.0]], 8e6, 2.5),
+            "adloco_int8": run([[0.0, 0, 4000.0], [30.0, 100, 190.0]], 4e6, 3.0),  # its base did not run
+        },
+        "100mbit": {"diloco_int8": run([[0.0, 0, 4000.0], [5.0, 100, 150.0]], 4e6, 1.0)},  # no diloco here
+    }
+    links.add_reference_figures(bandwidths)
+    runs = bandwidths["10mbit"]
+    assert runs["diloco"]["to_diloco_final_ppl"] == {"ppl": 200.0, "seconds": 40.0, "tokens": 200.0}
+    hit = runs["diloco_int4"]["to_diloco_final_ppl"]
+    t = math.log(1.5) / math.log(2.0)  # log(300 / 200) / log(300 / 150): where log-perplexity crosses 200
+    assert hit["seconds"] == pytest.approx(10.0 + 10.0 * t) and hit["tokens"] == pytest.approx(100 + 100 * t)
+    assert runs["diloco_overlap"]["to_diloco_final_ppl"] is None  # never reaches 200
+    int4 = runs["diloco_int4"]
+    assert int4["base"] == "diloco" and int4["link_bytes_per_round_vs_base"] == pytest.approx(0.25)
+    assert int4["steady_seconds_per_round_vs_base"] == pytest.approx(0.5)
+    assert int4["wall_seconds_vs_base"] == pytest.approx(0.5) and int4["final_ppl_vs_base"] == pytest.approx(0.75)
+    assert runs["diloco_overlap"]["steady_seconds_per_round_vs_base"] == pytest.approx(0.625)
+    assert "base" not in runs["adloco_int8"] and "base" not in runs["diloco"]
+    assert runs["adloco_int8"]["to_diloco_final_ppl"]["seconds"] < 30.0
+    assert bandwidths["100mbit"]["diloco_int8"]["to_diloco_final_ppl"] is None
+    assert "base" not in bandwidths["100mbit"]["diloco_int8"]
+
+
+def test_the_report_has_a_per_round_table(tmp_path):
+    world, bandwidths = 4, {"10mbit": {}}
+    before = [{"tx": 0, "rx": 0}] * world
+    # (method, comm_bytes, bytes each worker sends in training, final ppl): 1000 parameters, broadcast 12,000 B.
+    for method, comm, sent, ppl in (("diloco", 400_000, 103_000, 300.0), ("diloco_int8", 200_000, 53_000, 290.0)):
+        result = fake_result(method, comm=comm, ppl=(800.0, ppl))
+        result.update(rounds=4, round_marks_per_rank=MARKS, round_log=ROUND_LOG)
+        timeline = [[100.0, [0] * world, [0] * world], [110.0, [sent] * world, [sent] * world]]
+        bandwidths["10mbit"][method] = links.run_record(
+            result, method=method, bandwidth="10mbit", rate_bits=10_000_000, burst=65536, latency_ms=50,
+            folder=str(tmp_path / method), initial_ppl=4000.0, before=before, after=[{"tx": sent, "rx": sent}] * world,
+            training=links.window_bytes(timeline, 100.0, 110.0), exit_codes=[0] * world, launch_seconds=15.0,
+        )  # fmt: skip
+    diloco, int8 = bandwidths["10mbit"]["diloco"], bandwidths["10mbit"]["diloco_int8"]
+    assert diloco["link_bytes_per_round"] == pytest.approx((4 * 103_000 - 12_000) / 4) == 100_000
+    assert int8["link_bytes_per_round"] == pytest.approx(50_000)
+    assert diloco["wall_seconds_per_round"] == pytest.approx(2.5) and diloco["compute_seconds_per_round"] == 11.0
+    links.add_reference_figures(bandwidths)
+    assert int8["link_bytes_per_round_vs_base"] == pytest.approx(0.5)
+    report = links.format_report({"bandwidths": bandwidths, "targets": [], "checks": []})
+    header = next(line for line in report.splitlines() if "link B/round" in line)
+    assert "compute s/round" in header and "steady/compute" in header and "s to diloco ppl" in header
+    rows = [line for line in report.splitlines() if "| diloco_int8 |" in line]
+    assert len(rows) == 2  # the main table's row and the per-round table's
+    assert "0.500 (diloco)" in rows[1] and "0.967 (diloco)" in rows[1] and "49 KiB" in rows[1]
+    assert "compute-only" in report
+
+
+def test_the_variants_are_selectable_and_bandwidths_is_an_alias():
+    names = ["diloco", "diloco_int8", "diloco_int4", "diloco_overlap", "diloco_overlap_int4"]
+    args, conv = links.parse_args(["--quick", "--bandwidths", "10mbit", "--methods", *names])
+    assert args.methods == names and args.bandwidth == ["10mbit"]
+    assert conv.budget_tokens == links.BUDGET_TOKENS and conv.quick
+    args, _ = links.parse_args(["--bandwidth", "10mbit", "100mbit", "--methods", "adloco", "adloco_overlap"])
+    assert args.bandwidth == ["10mbit", "100mbit"] and args.methods == ["adloco", "adloco_overlap"]
+    assert links.parse_args([])[0].methods == list(links.DEFAULT_METHODS)
+
+
 def test_a_machine_without_namespaces_is_skipped_without_changing_directory(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(links.os, "geteuid", lambda: 1000)
     monkeypatch.chdir(tmp_path)

@@ -1,19 +1,31 @@
-"""Merges (DESIGN §3.4) carried out over real gloo point-to-point messages between the instances' workers.
+"""Merges (DESIGN §3.4) carried out over real gloo process groups between the instances' workers.
 
 Four workers; every instance has its own φ and outer momentum (all its workers hold the same replica), every worker
-its own inner AdamW state. Each worker runs `execute_merge` with the plan every rank computes from the same table,
-then `final_merge`; it returns its state before and after, and the parent checks it against the plan's weights.
+its own inner AdamW state. Each worker runs both transports on the plan every rank computes from the same table:
+`execute_merge` (point-to-point messages) then `final_merge`, and `all_reduce_merge` (a weighted all-reduce, the
+default `merge_transport`); it returns its state before and after, and the parent checks it against the plan's
+weights.
 """
 
 import copy
 
 import pytest
 import torch
-from distributed_helpers import run_workers
+import torch.distributed as dist
+from distributed_helpers import GROUP_TIMEOUT_S, run_workers
 
-from adloco_hf.instances import Instance, final_merge_weights, instance_of, plan_merge, plan_transfers
-from adloco_hf.merging import execute_merge, final_merge
-from adloco_hf.outer import GlobalModel
+from adloco_hf.distributed import ProcessGroupCache, WorkerMonitor
+from adloco_hf.instances import (
+    Broadcast,
+    Instance,
+    final_merge_weights,
+    instance_of,
+    plan_collectives,
+    plan_merge,
+    plan_transfers,
+)
+from adloco_hf.merging import all_reduce_merge, execute_merge, final_merge, merge_at_round_end
+from adloco_hf.outer import GlobalModel, ring_all_reduce_bytes
 
 
 WORLD = 4
@@ -38,6 +50,13 @@ MERGES = {
     # Demands 8, 1, 2: instance 1 ({1}) merges into instance 2 ({2}), weights 2/3, 1/3; worker 1 then joins
     # instance 0, and the survivor's weights go to rank 0 (the checkpoint writer) in a "save" message.
     "three_instances_save_to_writer": (_table((0, (0, 3), 4), (1, (1,), 1), (2, (2,), 2)), True, ()),
+    # Demands 4, 4, 3: instance 2 ({3}) merges into instance 0 ({0}), weights 4/7, 3/7; the survivor's demand earns
+    # it three workers, so worker 2 leaves instance 1 ({1, 2}) for it.
+    "three_instances_survivor_gains_a_third_instances_worker": (
+        _table((0, (0,), 4), (1, (1, 2), 2), (2, (3,), 3)),
+        True,
+        (),
+    ),
 }
 
 # Final merges of tables as they can stand at the end of training (demands need not be b × workers after merges).
@@ -121,6 +140,37 @@ def merging_worker(rank: int, world_size: int) -> dict:
         before = _snapshot(gm, inner)
         sent = final_merge(instances, rank=rank, global_model=gm)
         out[f"final/{case}"] = {"before": before, "after": _snapshot(gm, inner), "sent_bytes": sent}
+    # The same merges as one weighted all-reduce (merge_transport="all_reduce"), on groups kept for the run.
+    groups = ProcessGroupCache(timeout=GROUP_TIMEOUT_S)
+    for case, (instances, momentum, fresh) in MERGES.items():
+        plan = plan_merge(instances, policy="smallest_pair", num_workers=world_size)
+        _, gm, inner = _worker_state(rank, instances, case, momentum=momentum, fresh=fresh)
+        before = _snapshot(gm, inner)
+        outcome = all_reduce_merge(
+            plan, plan_collectives(plan), rank=rank, global_model=gm, with_momentum=momentum, groups=groups
+        )
+        out[f"all_reduce/{case}"] = {
+            "before": before,
+            "after": _snapshot(gm, inner),
+            "sent_bytes": outcome.sent_bytes,
+            "merged_phi": None if outcome.merged_phi is None else outcome.merged_phi.clone(),
+            "changed_instance": outcome.changed_instance,
+            "world_size": dist.get_world_size(),
+        }
+    # As the worker calls it at a round's end (the monitor's deadline, every rank's bytes, the φ to save).
+    monitor = WorkerMonitor(GROUP_TIMEOUT_S)
+    for transport in ("all_reduce", "point_to_point"):
+        for case in ("two_instances", "three_instances_save_to_writer"):
+            instances, momentum, fresh = MERGES[case]
+            plan = plan_merge(instances, policy="smallest_pair", num_workers=world_size)
+            _, gm, inner = _worker_state(rank, instances, case, momentum=momentum, fresh=fresh)
+            result, changed = merge_at_round_end(
+                plan, f"merge {case}", rank=rank, global_model=gm, inner_optimizer=inner, with_momentum=momentum,
+                save=True, monitor=monitor, hint="", transport=transport, groups=groups,
+            )  # fmt: skip
+            record = {"bytes": result.bytes, "phi": result.phi, "changed_instance": changed}
+            out[f"round_end/{transport}/{case}"] = record
+    out["groups"] = len(groups)
     return out
 
 
@@ -170,6 +220,10 @@ def test_the_cases_are_the_ones_described():
     assert summary["three_instances_save_to_writer"] == (
         2, 1, (2 / 3, 1 / 3), {0: (0, 1, 3), 2: (2,)},
         [("merge_input", 1, 2), ("global", 0, 1), ("inner", 0, 1), ("save", 2, 0)],
+    )  # fmt: skip
+    assert summary["three_instances_survivor_gains_a_third_instances_worker"] == (
+        0, 2, (4 / 7, 3 / 7), {0: (0, 2, 3), 1: (1,)},
+        [("merge_input", 3, 0), ("global", 0, 2), ("global", 0, 3), ("inner", 0, 2), ("inner", 0, 3)],
     )  # fmt: skip
 
 
@@ -302,3 +356,123 @@ def test_final_merge_without_a_process_group_changes_nothing():
     instances = [Instance(0, (0,), 2), Instance(1, (1,), 2)]  # as a table would read, but this process is alone
     assert final_merge(instances, rank=0, global_model=gm) == 0
     assert torch.equal(gm.phi.detach(), phi)
+
+
+# ---- merge_transport="all_reduce" ----
+def test_the_collectives_of_each_case():
+    """Who takes part in the all-reduce with which factor, who broadcasts to whom, who sends the writer its φ."""
+    expected = {
+        # Both instances' workers, each with its instance's weight over its number of workers; nobody moves elsewhere.
+        "two_instances": ((0, 1, 2, 3), {0: 3 / 8, 1: 3 / 8, 2: 1 / 8, 3: 1 / 8}, (), None),
+        # Worker 2 moves to instance 1: its first worker broadcasts to it.
+        "three_instances_survivor_has_rank_0": ((0, 2, 3), {0: 1 / 3, 3: 1 / 3, 2: 1 / 3}, (Broadcast(1, 1, (1, 2)),), None),
+        # Worker 1 moves to instance 0; rank 0 is outside the merge: the survivor's worker 2 sends it the merged φ.
+        "three_instances_save_to_writer": ((1, 2), {2: 2 / 3, 1: 1 / 3}, (Broadcast(0, 0, (0, 1)),), 2),
+        # Worker 2 joins the survivor from instance 1: it takes part with factor 0 and receives the sum.
+        "three_instances_survivor_gains_a_third_instances_worker": ((0, 2, 3), {0: 4 / 7, 2: 0.0, 3: 3 / 7}, (), None),
+    }  # fmt: skip
+    for case, (members, weights, broadcasts, save_src) in expected.items():
+        plan = plan_merge(MERGES[case][0], policy="smallest_pair", num_workers=WORLD)
+        collectives = plan_collectives(plan, writer_rank=0, save=True)
+        assert collectives.members == members, case
+        assert collectives.weights == pytest.approx(weights), case
+        assert collectives.broadcasts == broadcasts, case
+        assert collectives.save_src == save_src, case
+        assert collectives.groups == [members] + [b.ranks for b in broadcasts]
+        assert plan_collectives(plan, save=False).save_src is None
+        # The factors of each merging instance add up to its merge weight: the sum is the weighted average.
+        before = {inst.id: inst for inst in plan.before}
+        for inst_id, weight in zip((plan.survivor, plan.merged), plan.weights):
+            assert sum(weights[r] for r in before[inst_id].workers) == pytest.approx(weight)
+
+
+@pytest.mark.multiprocess
+def test_all_reduce_merges_run_on_four_workers_and_keep_their_groups(runs):
+    assert [r[f"all_reduce/{case}"]["world_size"] for r in runs for case in MERGES] == [WORLD] * WORLD * len(MERGES)
+    # Groups: each case's members and broadcast groups, created once (the whole world is the default group).
+    created = {
+        ranks
+        for case in MERGES
+        for ranks in plan_collectives(plan_merge(MERGES[case][0], policy="smallest_pair", num_workers=WORLD)).groups
+        if ranks != tuple(range(WORLD))
+    }
+    assert [r["groups"] for r in runs] == [len(created)] * WORLD
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", list(MERGES))
+def test_all_reduce_merge_gives_the_survivor_the_weighted_average_and_keeps_every_adamw(runs, case):
+    instances, momentum, _ = MERGES[case]
+    plan = plan_merge(instances, policy="smallest_pair", num_workers=WORLD)
+    records = [r[f"all_reduce/{case}"] for r in runs]
+    phi_s, m_s = _instance_state(records, instances, plan.survivor)
+    phi_m, m_m = _instance_state(records, instances, plan.merged)
+    w_s, w_m = plan.weights
+    expected_phi = w_s * phi_s.double() + w_m * phi_m.double()
+    zero = torch.zeros(NUMEL, dtype=torch.float64)
+    expected_m = w_s * (zero if m_s is None else m_s.double()) + w_m * (zero if m_m is None else m_m.double())
+    survivor = next(inst for inst in plan.after if inst.id == plan.survivor)
+    for rank in survivor.workers:
+        after = records[rank]["after"]
+        assert _close(after["phi"], expected_phi), rank
+        assert torch.equal(after["phi"], records[survivor.first_worker]["after"]["phi"])  # the same on every worker
+        assert torch.equal(after["theta"], after["phi"])
+        if momentum:
+            assert _close(after["momentum"], expected_m), rank
+            assert torch.equal(after["momentum"], records[survivor.first_worker]["after"]["momentum"])
+        else:
+            assert after["momentum"] is None
+    # Workers that move to another instance take its state, exactly; the workers that stay keep theirs.
+    before_of = {rank: instance_of(instances, rank).id for rank in range(WORLD)}
+    for inst in plan.after:
+        if inst.id == plan.survivor:
+            continue
+        phi, m = _instance_state(records, instances, inst.id)
+        for rank in inst.workers:
+            after = records[rank]["after"]
+            assert torch.equal(after["phi"], phi) and torch.equal(after["theta"], phi), rank
+            if momentum:
+                assert torch.equal(after["momentum"], m), rank
+    for rank, record in enumerate(records):
+        # No inner state travels: every worker keeps its own AdamW moments and step counts, untouched.
+        _assert_same_inner_state(record["after"]["inner"], record["before"]["inner"])
+        assert record["changed_instance"] == (before_of[rank] != instance_of(list(plan.after), rank).id), rank
+    # The writer (rank 0) has the merged weights to save, wherever it works now.
+    assert _close(records[0]["merged_phi"], expected_phi)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", list(MERGES))
+def test_all_reduce_merge_sends_one_ring_all_reduce_and_the_broadcasts(runs, case):
+    instances, momentum, _ = MERGES[case]
+    plan = plan_merge(instances, policy="smallest_pair", num_workers=WORLD)
+    collectives = plan_collectives(plan)
+    records = [r[f"all_reduce/{case}"] for r in runs]
+    payload = NUMEL * 4 * (2 if momentum else 1)  # φ and momentum in float32
+    n = len(collectives.members)
+    for rank, record in enumerate(records):
+        expected = 2 * (n - 1) * payload // n if rank in collectives.members else 0  # each member's ring share
+        expected += sum((len(b.ranks) - 1) * payload for b in collectives.broadcasts if b.src == rank)
+        expected += NUMEL * 4 if rank == collectives.save_src else 0  # the merged φ to the writer
+        assert record["sent_bytes"] == expected, rank
+        assert record["sent_bytes"] <= 3 * payload  # a few payloads per link, not one per worker in sequence
+    total = ring_all_reduce_bytes(payload, n) + sum((len(b.ranks) - 1) * payload for b in collectives.broadcasts)
+    total += NUMEL * 4 if collectives.save_src is not None else 0
+    assert sum(r["sent_bytes"] for r in records) == total
+    # Point-to-point, the busiest worker sends more: every message of the survivor comes from one worker in turn.
+    if case.startswith("two_instances"):
+        assert max(r["sent_bytes"] for r in records) < max(r[f"merge/{case}"]["sent_bytes"] for r in runs)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("transport", ["all_reduce", "point_to_point"])
+@pytest.mark.parametrize("case", ["two_instances", "three_instances_save_to_writer"])
+def test_a_round_ends_merge_reports_every_ranks_bytes_and_the_phi_to_save(runs, case, transport):
+    """`merge_at_round_end` with either transport: the bytes summed over ranks (the rounds file's merge_bytes), the
+    merged φ on rank 0 only."""
+    direct = [r[f"{'all_reduce' if transport == 'all_reduce' else 'merge'}/{case}"] for r in runs]
+    records = [r[f"round_end/{transport}/{case}"] for r in runs]
+    assert [r["bytes"] for r in records] == [sum(d["sent_bytes"] for d in direct)] * WORLD
+    assert _close(records[0]["phi"], direct[0]["merged_phi"].double())
+    assert all(r["phi"] is None for r in records[1:])
+    assert [r["changed_instance"] for r in records] == [d["changed_instance"] for d in direct]

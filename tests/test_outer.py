@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from distributed_helpers import cached_runs
 
-from adloco_hf import outer
+from adloco_hf import outer_reduce
 from adloco_hf.distributed import ProcessGroupCache
 from adloco_hf.outer import DTYPES, GlobalModel, ring_all_reduce_bytes
 
@@ -138,16 +138,16 @@ def outer_worker(rank: int, world_size: int) -> dict:
     world = dist.group.WORLD
     out = {}
     for name, dtype, bucket in (
-        ("float32", torch.float32, outer.BUCKET_NUMEL),
+        ("float32", torch.float32, outer_reduce.BUCKET_NUMEL),
         ("float32_buckets", torch.float32, SMALL_BUCKET),
-        ("bfloat16", torch.bfloat16, outer.BUCKET_NUMEL),
+        ("bfloat16", torch.bfloat16, outer_reduce.BUCKET_NUMEL),
         ("bfloat16_buckets", torch.bfloat16, SMALL_BUCKET),
     ):
-        default, outer.BUCKET_NUMEL = outer.BUCKET_NUMEL, bucket
+        default, outer_reduce.BUCKET_NUMEL = outer_reduce.BUCKET_NUMEL, bucket
         try:
             out[name] = _rounds(rank, world, world_size, dtype=dtype, lr=1.0, momentum=0.0, nesterov=False)
         finally:
-            outer.BUCKET_NUMEL = default
+            outer_reduce.BUCKET_NUMEL = default
     for nesterov in (False, True):
         out[f"momentum_nesterov={nesterov}"] = _rounds(
             rank, world, world_size, dtype=torch.float32, lr=LR, momentum=MOMENTUM, nesterov=nesterov

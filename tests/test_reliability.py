@@ -11,6 +11,7 @@ from helpers import SCRIPTS, flat_params, launch, sequence_dataset, tiny_model
 from transformers import AutoModelForCausalLM
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+from adloco_hf.compression import wire_bytes
 
 
 pytestmark = pytest.mark.multiprocess
@@ -275,3 +276,42 @@ def test_with_no_grace_the_round_is_cut_at_the_next_step_and_resumes_exactly(tmp
     run_spec(spec_for(part, str(tmp_path / "p2"), config=config, resume=os.path.join(part, f"checkpoint-{cut[0]}")))
     assert (merged_params(part) - merged_params(full)).abs().max().item() <= 1e-6
     assert comparable(rounds_of(part)) == comparable(rounds_of(full))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"pseudo_grad_compression": "int4", "outer_overlap": True},
+        pytest.param({"pseudo_grad_compression": "int8"}, marks=pytest.mark.slow),
+        pytest.param({"outer_overlap": True}, marks=pytest.mark.slow),
+    ],
+    ids=lambda options: "+".join(f"{k}={v}" for k, v in options.items()),
+)
+def test_stop_and_resume_is_exact_with_compression_and_overlap(tmp_path, options):
+    """The residual of error feedback and the average in flight are saved per worker, so a resume from a checkpoint
+    taken mid-run ends with the same merged model as the uninterrupted run. The two one-worker instances merge at
+    round 2 (step 10, before the checkpoint at step 20): the options run on 1-worker and 2-worker instances."""
+    config = dict(RESUME_CONFIG, merge_every=2, compression_block_size=32, **options)
+    full = str(tmp_path / "full")
+    run_spec(spec_for(full, str(tmp_path / "p0"), config=config))
+    part = str(tmp_path / "part")
+    run_spec(spec_for(part, str(tmp_path / "p1"), config=config, fail=["all", 22, 0]))
+    compressed, overlapped = "pseudo_grad_compression" in options, options.get("outer_overlap", False)
+    for rank in range(2):
+        state = torch.load(os.path.join(part, "checkpoint-20", "adloco", f"rank-{rank}.pt"), weights_only=True)
+        assert state["world_size"] == 2 and len(state["instances"]) == 1
+        saved = state["global_model"]
+        assert (saved["error_feedback"] is not None and saved["error_feedback"]["residual"] is not None) == compressed
+        assert (saved["pending"] is not None) == overlapped  # round 4's average, in flight when the save began
+        assert (saved["eager"] is not None) == overlapped
+    run_spec(spec_for(part, str(tmp_path / "p2"), config=config, resume=os.path.join(part, "checkpoint-20")))
+    merged = merged_params(part)
+    assert (merged - merged_params(full)).abs().max().item() <= 1e-6
+    assert comparable(rounds_of(part)) == comparable(rounds_of(full))
+    lines = rounds_of(full)
+    assert [line["outer_step"] for line in lines if line["merged_from"]] == [2]
+    bits = {"int8": 8, "int4": 4}.get(options.get("pseudo_grad_compression"))
+    after = [line for line in lines if line["outer_step"] > 2]
+    if bits is not None:  # one instance of 2 workers: each sends bits/8 bytes a value plus one float32 per 32
+        expected = 2 * wire_bytes(merged.numel(), bits=bits, block_size=32)
+        assert [line["comm_bytes"] for line in after] == [expected] * len(after)

@@ -31,9 +31,20 @@ from adloco_hf.sampler import AdaptiveBatchSampler
 from recipes.benchmarks._common import ring_all_reduce_bytes, socket_bytes_sent, write_json
 
 
+# What a curve point's perplexity is (`curve_source`): the model the final merge would produce, evaluated while
+# several instances train (`eval_merged_model`); the demand-weighted mean of the instances' losses (several
+# instances without it: no single model's loss); or one model (one instance, DDP, the final merged model).
+CURVE_SOURCES = ("merged", "instances_mean", "model")
+
+
 class BenchmarkMixin:
     """Times every evaluation and counts its socket bytes, so both can be taken out of the training figures, and
     records one curve point per evaluation: tokens, modelled bytes and measured training bytes so far, perplexity.
+
+    The point's `eval_ppl` is the merged model's (`{prefix}_merged_loss`) where the evaluation has one, else the
+    library's `{prefix}_loss`; `instances_mean_ppl` keeps the latter (the instances' demand-weighted mean while
+    several train) and `curve_source` says which one `eval_ppl` is (`CURVE_SOURCES`). The merged model's all-reduce
+    runs inside the evaluation, so its bytes and seconds are left out of the training figures like the rest of it.
 
     All ranks evaluate at the same moments, so the per-rank lists line up and are summed at the end.
     """
@@ -64,12 +75,15 @@ class BenchmarkMixin:
             sent_after = socket_bytes_sent()
             if None not in (sent_before, sent_after):
                 self.bench_eval_bytes += sent_after - sent_before
-        loss = metrics[f"{metric_key_prefix}_loss"]
+        loss = metrics[f"{metric_key_prefix}_loss"]  # several instances: their demand-weighted mean
+        merged = metrics.get(f"{metric_key_prefix}_merged_loss")  # eval_merged_model, while several instances train
         instances = {
             key[len(metric_key_prefix) + len("_instance_") : -len("_loss")]: value
             for key, value in metrics.items()
             if key.startswith(f"{metric_key_prefix}_instance_") and key.endswith("_loss")
         }
+        source = "merged" if merged is not None else "instances_mean" if len(instances) > 1 else "model"
+        curve_loss = merged if merged is not None else loss
         self.bench_points.append(
             {
                 "prefix": metric_key_prefix,
@@ -80,8 +94,11 @@ class BenchmarkMixin:
                 "rounds": self.bench_rounds_so_far(),
                 "comm_bytes": modelled,
                 "measured_bytes_local": measured,
-                "eval_loss": loss,
-                "eval_ppl": math.exp(loss),
+                "eval_loss": curve_loss,
+                "eval_ppl": math.exp(curve_loss),
+                "curve_source": source,
+                "instances_mean_loss": loss,
+                "instances_mean_ppl": math.exp(loss),
                 "instance_losses": instances,
                 "best_instance_ppl": math.exp(min(instances.values())) if instances else math.exp(loss),
             }
@@ -124,6 +141,40 @@ class TokenBudgetStop(TrainerCallback):
         adloco = self.trainer.adloco_state
         if adloco.last_round_step == state.global_step and adloco.tokens >= self.budget:
             control.should_training_stop = True
+
+
+class StepClock(TrainerCallback):
+    """The seconds this worker spent in inner steps: from `on_step_begin` to its `on_step_end`, which runs first in
+    the callback list (inserted at 0), before AdLoCo's ends the round. Forward, backward (switch mode's micro-batches
+    and the statistics step's halves included), clipping and the optimizer step; data loading, the round's end (outer
+    step, the round-end all-gather, merges) and evaluations are outside."""
+
+    def __init__(self):
+        self.seconds, self.steps, self._start = 0.0, 0, None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self.steps += 1
+            self._start = None
+
+
+class RoundMarks(TrainerCallback):
+    """At the end of every round (added last, so after AdLoCo's `on_step_end` closed the round): `[global_step,
+    training seconds since the start, evaluation seconds so far, inner-step seconds so far]` on this worker. The
+    Trainer evaluates after `on_step_end`, so an evaluation at a round's end falls in the next mark's interval."""
+
+    def __init__(self, trainer: "BenchAdLoCoTrainer", clock: StepClock):
+        self.trainer, self.clock, self.marks = trainer, clock, []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        if trainer.adloco_state.last_round_step == state.global_step and trainer.bench_start_time is not None:
+            seconds = time.perf_counter() - trainer.bench_start_time
+            self.marks.append([state.global_step, seconds, trainer.bench_eval_seconds, self.clock.seconds])
 
 
 def common_arguments(spec: dict) -> dict:
@@ -247,6 +298,12 @@ def adloco_rounds(output_dir: str) -> list[dict]:
                 "mean_batch_size": sum(line["samples"] for line in lines) / (workers * steps),
                 "accumulation_steps": {str(line["instance"]): line["accumulation_steps"] for line in lines},
                 "comm_bytes": sum(line["comm_bytes"] for line in lines),
+                # The library's timings (slowest worker of each instance), the round's slowest instance: the outer
+                # step as the worker waited for it (pseudo-gradient, all-reduce, outer SGD; with outer_overlap the
+                # wait for the background all-reduce), its whole outer step, and the merge.
+                "comm_seconds": max((line.get("comm_seconds") or 0.0) for line in lines),
+                "outer_seconds": max((line.get("outer_seconds") or 0.0) for line in lines),
+                "merge_seconds": sum((line.get("merge_seconds") or 0.0) for line in lines),
                 "merged": any(line["merged_from"] for line in lines),
             }
         )
@@ -275,6 +332,9 @@ def main() -> None:
         eval_dataset=lm["eval"],
         data_collator=default_data_collator,
     )
+    clock = StepClock()
+    trainer.callback_handler.callbacks.insert(0, clock)  # before AdLoCo's: its on_step_end ends the inner step
+    marks = None
     numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
     tokens_per_step = world * spec["train"]["batch_size"] * spec["block_size"]
     ddp_step_bytes = ring_all_reduce_bytes(4 * numel, world)  # fp32 gradients, one all-reduce per step
@@ -291,6 +351,8 @@ def main() -> None:
             rounds_so_far=lambda: trainer.adloco_state.rounds,
         )
         trainer.add_callback(TokenBudgetStop(trainer, spec["budget_tokens"]))
+        marks = RoundMarks(trainer, clock)
+        trainer.add_callback(marks)
 
     dist.barrier()
     trainer.bench_start_bytes = socket_bytes_sent()
@@ -320,6 +382,9 @@ def main() -> None:
         "eval_bytes": trainer.bench_eval_bytes,
         "points": [p["measured_bytes_local"] for p in trainer.bench_points],
         "shard_epochs": shard_epochs(trainer.train_sampler),
+        "inner_step_seconds": clock.seconds,
+        "inner_steps_timed": clock.steps,
+        "round_marks": None if marks is None else marks.marks,
     }
     everyone: list[dict] = [None] * world
     dist.all_gather_object(everyone, mine)
@@ -372,6 +437,10 @@ def write_result(spec, args, trainer, everyone, *, tokens_per_step: int, ddp_ste
         "wall_seconds": max(walls),
         "curve": [[p["tokens"], p["eval_ppl"]] for p in points],
         "curve_bytes": [[p["comm_bytes"], p["eval_ppl"]] for p in points],
+        # The merged model's perplexity where a point has one (`curve_kind`, `CURVE_SOURCES`); the instances'
+        # demand-weighted mean (the library's eval_loss) is kept as curve_instances_mean.
+        "curve_kind": curve_kind([p["curve_source"] for p in points]),
+        "curve_instances_mean": [[p["tokens"], p["instances_mean_ppl"]] for p in points],
         "curve_best_instance": [[p["tokens"], p["best_instance_ppl"]] for p in points],
         "curve_measured_bytes": [[p["measured_bytes"], p["eval_ppl"]] for p in points],
         "measured_bytes_sent": total([r["measured"] for r in everyone]),
@@ -397,6 +466,11 @@ def write_result(spec, args, trainer, everyone, *, tokens_per_step: int, ddp_ste
         "max_batch_size": getattr(getattr(trainer, "worker", None), "max_batch_size", None),
         "peak_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
         "torch_threads": torch.get_num_threads(),
+        # Per worker: seconds in inner steps ([`StepClock`]; DDP's include its gradient all-reduce, which runs inside
+        # backward) and, for AdLoCo, one mark per round end ([`RoundMarks`]).
+        "inner_step_seconds_per_rank": [r["inner_step_seconds"] for r in everyone],
+        "inner_steps_timed_per_rank": [r["inner_steps_timed"] for r in everyone],
+        "round_marks_per_rank": None if kind == "ddp" else [r["round_marks"] for r in everyone],
         # time.time() when the first worker started training and the last one stopped (evaluations included)
         "train_started_at": min(r["started_at"] for r in everyone),
         "train_ended_at": max(r["ended_at"] for r in everyone),
@@ -404,9 +478,18 @@ def write_result(spec, args, trainer, everyone, *, tokens_per_step: int, ddp_ste
     write_json(os.path.join(args.output_dir, "result.json"), result)
     print(
         f"[{spec['method']}] ppl {final['eval_ppl']:.2f} tokens {tokens} steps {steps} bytes {comm_bytes} "
-        f"measured {result['measured_bytes_sent']} wall {result['wall_seconds']:.1f}s",
+        f"measured {result['measured_bytes_sent']} wall {result['wall_seconds']:.1f}s curve {result['curve_kind']}",
         flush=True,
     )
+
+
+def curve_kind(sources: list[str]) -> str:
+    """What a run's curve follows: `"merged"` when some point is the merged model evaluated while several instances
+    trained, else `"instances_mean"` when some point is the instances' mean, else `"model"` (one model throughout)."""
+    for kind in CURVE_SOURCES:
+        if kind in sources:
+            return kind
+    return "model"
 
 
 if __name__ == "__main__":

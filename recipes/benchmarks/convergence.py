@@ -15,10 +15,20 @@ training tokens reach the budget. Each method is one `accelerate launch` of the 
 | `adloco_no_switch` | `adloco` without switch mode's accumulation (`switch_threshold=1e9`): a request above `max_batch_size` is capped there, so the batch never grows past what one forward/backward holds |
 | `adloco_paper_outer` | `adloco` with the outer SGD of the paper's table (lr 0.5, no momentum) |
 | `adloco_sqrt_lr` | `adloco` with `lr_batch_scaling="sqrt"`: the inner learning rate follows the batch (not in the paper) |
+| `diloco_int8`, `diloco_int4` | `diloco` with `pseudo_grad_compression="int8"` / `"int4"` (blocks of `compression_block_size` values with one scale, error feedback) |
+| `diloco_overlap` | `diloco` with `outer_overlap=True`: the round's all-reduce runs during the next round's inner steps |
+| `diloco_overlap_int4` | `diloco` with both `outer_overlap=True` and `pseudo_grad_compression="int4"` |
+| `adloco_int8`, `adloco_int4`, `adloco_overlap` | `adloco` with the same single change |
 
-Measured per method: the eval perplexity curve against training tokens (every `eval_every_rounds` rounds; with
-several instances the demand-weighted `eval_loss` of the instances, the library's own `eval_loss`; the best
-instance's curve is kept too) and the final model's perplexity (AdLoCo: the merged model after the final merge),
+Without `--methods` the first nine run; the compression and overlap variants run only when named. Each variant is
+also compared with the method it changes (`variant_of`: `ppl_vs_adloco`, `bytes_vs_adloco`, ... and one report line).
+
+Measured per method: the eval perplexity curve against training tokens (every `eval_every_rounds` rounds; while
+several instances train, the model the final merge would produce then: the AdLoCo methods run with
+`eval_merged_model=True`, and `curve_kind` says what a curve follows; the demand-weighted mean of the instances'
+losses, the library's own `eval_loss`, which no single model achieves, is kept as `curve_instances_mean`, and the
+best instance's curve as `curve_best_instance`) and the final model's perplexity (AdLoCo: the merged model after
+the final merge),
 the communication rounds, the bytes communicated (modelled: 2 (M − 1) × payload per all-reduce, DDP's fp32 gradients
 every step, AdLoCo's pseudo-gradients and merge transfers from its logs; and measured: `bytes_sent` of every worker's
 TCP sockets from `ss -tinpH` before and after training, evaluations excluded) and the training wall time
@@ -30,6 +40,9 @@ TCP sockets from `ss -tinpH` before and after training, evaluations excluded) an
     python -m recipes.benchmarks.convergence --quick
     # A subset, and a tuning override:
     python -m recipes.benchmarks.convergence --quick --methods ddp diloco adloco --learning_rate 2e-3
+    # The pseudo-gradient's compression and the overlapped all-reduce against bf16 DiLoCo:
+    python -m recipes.benchmarks.convergence --quick --methods diloco diloco_int8 diloco_int4 diloco_overlap \\
+        diloco_overlap_int4 --output_dir outputs/benchmarks/convergence-compression
     # GPU: MicroLlama's architecture, 4 workers sharing one GPU over gloo (NCCL-free), fp16:
     python -m recipes.benchmarks.convergence --device cuda --preset microllama --fp16
 
@@ -63,10 +76,21 @@ from recipes.benchmarks._common import (
 WORKER_MODULE = "recipes.benchmarks._convergence_worker"
 
 # What changes between methods; everything else is the shared setting below.
-ADLOCO = {"num_instances": 4, "batch_size_test": "norm"}
+# `eval_merged_model`: while several instances train, the curve is the merged model's, not the instances' mean.
+ADLOCO = {"num_instances": 4, "batch_size_test": "norm", "eval_merged_model": True}
+DILOCO = {"num_instances": 1, "batch_size_test": "none"}
+# The paper's controller and merge rule (today's defaults as well), for `adloco_paper` and the ablations against it.
+PAPER_RULES = {
+    "batch_size_smoothing": 0.0,
+    "nonpositive_signal": "clamp",
+    "batch_size_shrink": False,
+    "batch_size_target": "test",
+    "merge_batch_rule": "paper",
+    "merge_transport": "point_to_point",
+}
 METHODS: dict[str, dict] = {
     "ddp": {"kind": "ddp"},
-    "diloco": {"kind": "adloco", "adloco": {"num_instances": 1, "batch_size_test": "none"}},
+    "diloco": {"kind": "adloco", "adloco": dict(DILOCO)},
     "adloco": {"kind": "adloco", "adloco": dict(ADLOCO)},
     # DiLoCo whose fixed per-worker batch gives AdLoCo's mean tokens per round (same H, same seed): it takes as many
     # rounds as AdLoCo for the same tokens, so what remains between the two is the adaptive batch and the instances.
@@ -87,7 +111,86 @@ METHODS: dict[str, dict] = {
     },
     # Not in the paper: the inner learning rate follows the batch (× √(b / b₀), the square-root rule for AdamW).
     "adloco_sqrt_lr": {"kind": "adloco", "adloco": {**ADLOCO, "lr_batch_scaling": "sqrt"}},
+    # The request's controller and the merge's batch rule (issue 14; run only when named in --methods).
+    # `adloco_paper` fixes today's (the paper's) rules whatever the defaults; each other one changes them as named.
+    "adloco_paper": {"kind": "adloco", "adloco": {**ADLOCO, **PAPER_RULES}},
+    "adloco_keep": {
+        "kind": "adloco",
+        "adloco": {**ADLOCO, **PAPER_RULES, "nonpositive_signal": "keep"},
+        "variant_of": "adloco_paper",
+    },
+    "adloco_smooth": {
+        "kind": "adloco",
+        "adloco": {**ADLOCO, **PAPER_RULES, "batch_size_smoothing": 0.5, "nonpositive_signal": "keep"},
+        "variant_of": "adloco_paper",
+    },
+    "adloco_preserve": {
+        "kind": "adloco",
+        "adloco": {**ADLOCO, **PAPER_RULES, "merge_batch_rule": "preserve_total"},
+        "variant_of": "adloco_paper",
+    },
+    "adloco_noise_scale": {
+        "kind": "adloco",
+        "adloco": {
+            **ADLOCO,
+            **PAPER_RULES,
+            "batch_size_smoothing": 0.5,
+            "nonpositive_signal": "keep",
+            "batch_size_target": "noise_scale",
+        },
+        "variant_of": "adloco_paper",
+    },
+    "adloco_controller": {
+        "kind": "adloco",
+        "adloco": {
+            **ADLOCO,
+            **PAPER_RULES,
+            "batch_size_smoothing": 0.5,
+            "nonpositive_signal": "keep",
+            "merge_batch_rule": "preserve_total",
+        },
+        "variant_of": "adloco_paper",
+    },
+    # Malladi et al.'s whole square-root rule for Adam (lr, 1 − β₁, 1 − β₂, ε; lr · weight decay kept).
+    "adloco_sqrt_adam": {
+        "kind": "adloco",
+        "adloco": {**ADLOCO, **PAPER_RULES, "lr_batch_scaling": "sqrt_adam"},
+        "variant_of": "adloco_paper",
+    },
+    # How the pseudo-gradient travels (run only when named in --methods): int8 / int4 blocks with error feedback
+    # (`pseudo_grad_compression`, one float32 scale per `compression_block_size` values) and the round's all-reduce
+    # overlapped with the next round's inner steps (`outer_overlap`, eager updates). `variant_of`: the method each
+    # one changes in exactly the settings it names, which the reports compare it with.
+    "diloco_int8": {"kind": "adloco", "adloco": {**DILOCO, "pseudo_grad_compression": "int8"}, "variant_of": "diloco"},
+    "diloco_int4": {"kind": "adloco", "adloco": {**DILOCO, "pseudo_grad_compression": "int4"}, "variant_of": "diloco"},
+    "diloco_overlap": {"kind": "adloco", "adloco": {**DILOCO, "outer_overlap": True}, "variant_of": "diloco"},
+    "diloco_overlap_int4": {
+        "kind": "adloco",
+        "adloco": {**DILOCO, "outer_overlap": True, "pseudo_grad_compression": "int4"},
+        "variant_of": "diloco",
+    },
+    # λ = 1 / M (`outer_overlap_local_weight=None`): Kale et al.'s eager update, against the default λ = 1.
+    "diloco_overlap_eager": {
+        "kind": "adloco",
+        "adloco": {**DILOCO, "outer_overlap": True, "outer_overlap_local_weight": None},
+        "variant_of": "diloco",
+    },
+    "adloco_int8": {"kind": "adloco", "adloco": {**ADLOCO, "pseudo_grad_compression": "int8"}, "variant_of": "adloco"},
+    "adloco_int4": {"kind": "adloco", "adloco": {**ADLOCO, "pseudo_grad_compression": "int4"}, "variant_of": "adloco"},
+    "adloco_overlap": {"kind": "adloco", "adloco": {**ADLOCO, "outer_overlap": True}, "variant_of": "adloco"},
 }
+# What runs without --methods: the comparison and its ablations (the 9 methods of the README's tables).
+DEFAULT_METHODS = (
+    "ddp",
+    "diloco",
+    "adloco",
+    "diloco_matched",
+    "adloco_no_adaptive",
+    "adloco_no_merge",
+    "adloco_no_switch",
+    "adloco_paper_outer",
+    "adloco_sqrt_lr",
+)
 
 # Shared settings. `train` is identical for every method; `adloco` applies to every AdLoCoTrainer method before
 # the method's own overrides (DiLoCo included, where the batch-size and merge settings have no effect).
@@ -127,7 +230,21 @@ CPU_BASE = {
         "switch_threshold": 2.0,
         "batch_size_cap": 64,
         "pseudo_grad_dtype": "bfloat16",
+        # AdLoCoConfig's defaults, here so that `--set adloco.compression_block_size=128` reaches every method.
+        "pseudo_grad_compression": "none",
+        "compression_block_size": 256,
+        "outer_overlap": False,
+        "outer_overlap_local_weight": 1.0,
+        "batch_size_smoothing": 0.0,
+        "nonpositive_signal": "clamp",
+        "batch_size_shrink": False,
+        "batch_size_target": "test",
+        "noise_scale_multiple": 1.0,
+        "merge_batch_rule": "paper",
+        "merge_transport": "all_reduce",
         "lr_batch_scaling": "none",
+        # Off for one instance (it has nothing to merge); the multi-instance methods (ADLOCO) turn it on.
+        "eval_merged_model": False,
     },
     "timeout": 1200,
 }
@@ -352,6 +469,9 @@ def run_method(name: str, spec: dict, reuse: bool) -> dict:
 
 
 # ---- several seeds of one method ----
+# A run's curves `[[x, ppl], ...]`: `curve` (tokens; the merged model's perplexity where a point has one, see
+# `curve_kind`), `curve_bytes`, the instances' demand-weighted mean and the best instance (tokens).
+CURVES = ("curve", "curve_bytes", "curve_instances_mean", "curve_best_instance")
 TOTALS = ("tokens", "epochs", "steps", "comm_rounds", "comm_bytes", "measured_bytes_sent", "wall_seconds")
 
 
@@ -392,6 +512,15 @@ def mean_curve_by_index(curves: list[list[list[float]]]) -> list[list[float]]:
     ]
 
 
+def run_curve_kind(result: dict) -> str:
+    """A run's `curve_kind`; for a result written before it existed, what its curve was then: the instances' mean
+    where an evaluation saw several instances, else one model."""
+    if "curve_kind" in result:
+        return result["curve_kind"]
+    several = any(len(point.get("instance_losses") or {}) > 1 for point in result.get("evals", []))
+    return "instances_mean" if several else "model"
+
+
 def aggregate(per_seed: dict[int, dict]) -> dict:
     """One method over its seeds: the means (`final_eval_ppl`, `tokens`, `epochs`, `inner_steps`, `comm_rounds`,
     `comm_bytes`, `wall_seconds`, ...), the per-seed values (`*_seeds`), the mean curves and every seed's result
@@ -409,10 +538,12 @@ def aggregate(per_seed: dict[int, dict]) -> dict:
         out[f"{key}_seeds"] = values
     out["inner_steps"] = out["steps"]
     out["max_worker_epochs"] = max((r.get("max_worker_epochs") or 0.0) for r in done.values())
-    for key in ("curve", "curve_bytes", "curve_best_instance"):
+    for key in CURVES:
         if all(key in r for r in done.values()):
             average = mean_curve_by_index if key == "curve_bytes" else mean_curve
             out[key] = average([r[key] for r in done.values()])
+    kinds = sorted({run_curve_kind(r) for r in done.values()})
+    out["curve_kind"] = kinds[0] if len(kinds) == 1 else "mixed: " + ", ".join(kinds)
     first = next(iter(done.values()))
     out["batch_sizes"] = first.get("batch_sizes")
     out["rounds"] = mean_sd([r.get("rounds") for r in done.values()])[0]
@@ -490,7 +621,8 @@ def verdict(ratios: list[float]) -> str:
 
 def compare(methods: dict[str, dict]) -> dict:
     """Perplexity at equal tokens (the smallest final token count of any seed of any method) and the ratios
-    against ddp and diloco, paired by seed (same initial weights and data order); adds keys to each method."""
+    against ddp and diloco (and a variant's `variant_of`, e.g. adloco for adloco_int8), paired by seed (same initial
+    weights and data order); adds keys to each method (`ppl_vs_<ref>`, `bytes_vs_<ref>`, `wall_vs_<ref>` ...)."""
     done = {name: m for name, m in methods.items() if "error" not in m}
     if not done:
         return {}
@@ -503,7 +635,8 @@ def compare(methods: dict[str, dict]) -> dict:
         m["ppl_at_equal_tokens_seeds"] = list(at_equal[name].values())
         m["ppl_at_equal_tokens"], m["ppl_at_equal_tokens_sd"] = mean_sd(m["ppl_at_equal_tokens_seeds"], geometric=True)
     for name, m in done.items():
-        for ref in ("ddp", "diloco"):
+        base = METHODS.get(name, {}).get("variant_of")  # a variant is compared with its base method too
+        for ref in ("ddp", "diloco", *([base] if base not in (None, "ddp", "diloco") else [])):
             other = None if ref == name else done.get(ref)
             paired = []
             if other is not None:
@@ -601,6 +734,10 @@ def _ratio_cell(m: dict, ref: str) -> str | None:
     return f"{cell} ({m[f'ppl_vs_{ref}_verdict']})" if m.get(f"ppl_vs_{ref}_verdict") not in (None, "-") else cell
 
 
+def _ratio_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}x"
+
+
 def to_target_table(methods: dict[str, dict], targets: list[float]) -> str:
     """Per method and target: mean tokens, inner steps, rounds, bytes (modelled) and training seconds to reach it."""
     columns = ["method", "target ppl", "tokens", "inner steps", "rounds", "bytes (model)", "seconds"]
@@ -627,6 +764,15 @@ def to_target_table(methods: dict[str, dict], targets: list[float]) -> str:
     return table(rows, columns)
 
 
+# What a method's curve follows while several instances train (`curve_kind`; "model": one model throughout).
+CURVE_KINDS = {
+    "merged": "its curve is the merged model's (the instances averaged as the final merge would, at every "
+    "evaluation); the instances' demand-weighted mean is kept as curve_instances_mean",
+    "instances_mean": "while several instances train its curve is the demand-weighted mean of their losses "
+    "(eval_merged_model off), which no single model achieves",
+}
+
+
 def format_report(results: dict) -> str:
     lines = [table(table_rows(results["methods"]), COLUMNS)]
     equal = results.get("equal_tokens")
@@ -642,6 +788,9 @@ def format_report(results: dict) -> str:
             continue
         if m.get("failed_seeds"):
             lines.append(f"{name}: seed(s) {m['failed_seeds']} failed and are left out of its means")
+        kind = m.get("curve_kind", "model")
+        if kind != "model":
+            lines.append(f"{name}: {CURVE_KINDS.get(kind, f'curve points of several kinds ({kind})')}")
         if (m.get("epochs") or 0) > 1 or (m.get("max_worker_epochs") or 0) > 1:
             lines.append(
                 f"WARNING {name}: {m['epochs']:.2f} epochs, a worker made {m['max_worker_epochs']:.2f} passes over "
@@ -654,6 +803,13 @@ def format_report(results: dict) -> str:
             lines.append(
                 f"{name}: fixed batch {batches} per worker, tokens per round {min(matched):.3f}-{max(matched):.3f} x "
                 f"{METHODS[name]['matched_to']}'s (the batch is a whole number)"
+            )
+        base = METHODS.get(name, {}).get("variant_of")
+        if base is not None and m.get(f"ppl_vs_{base}") is not None:
+            lines.append(
+                f"{name} vs {base}: ppl at equal tokens {_ratio_cell(m, base)}, bytes (model) "
+                f"{_ratio_text(m.get(f'bytes_vs_{base}'))}, bytes (measured) "
+                f"{_ratio_text(m.get(f'measured_bytes_vs_{base}'))}, wall {_ratio_text(m.get(f'wall_vs_{base}'))}"
             )
     for name, target in results.get("targets", {}).items():
         value = "-" if target["value"] is None else f"{target['value']:.3f}"
@@ -712,7 +868,13 @@ def plot(results: dict, path: str) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="The smaller budget (< 12 minutes on 2 CPU cores).")
-    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=list(METHODS),
+        default=list(DEFAULT_METHODS),
+        help=f"Methods to run (default: {' '.join(DEFAULT_METHODS)}).",
+    )
     parser.add_argument("--output_dir", default="outputs/benchmarks/convergence")
     parser.add_argument("--cache_dir", default="outputs/cache", help="Tokenizer and packed data cache.")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -811,8 +973,9 @@ def main(argv: list[str] | None = None) -> dict:
             spec = method_spec(name, settings, output_dir, seed=seed, matched_batch_size=matched)
             result = run_method(name, spec, args.reuse)
             if "curve" in result:
-                for key in ("curve", "curve_bytes", "curve_best_instance"):
-                    result[key].insert(0, [0, initial_ppl[seed]])
+                for key in CURVES:
+                    if key in result:  # a reused result may predate curve_instances_mean
+                        result[key].insert(0, [0, initial_ppl[seed]])
                 result["matched_batch_size"] = matched
                 reference = METHODS[name].get("matched_to")
                 if reference is not None:  # how close the integer batch came to the reference's tokens per round

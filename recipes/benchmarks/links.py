@@ -21,6 +21,15 @@ before and after the launch, per worker and in total; and cut to the training wi
 tokens, the final eval perplexity, the eval curve over seconds and the seconds and tokens to reach target
 perplexities that every method reaches (interpolated).
 
+Per round ([`per_round`]; DDP: per step): the link bytes (training window, less the modelled start broadcast) and
+the modelled bytes; the wall seconds (training window / rounds); and, for rounds 2 to R, the wall seconds of a
+round against its compute-only seconds: the inner steps' time (from the Trainer's `on_step_begin` to `on_step_end`:
+forward, backward, optimizer; the round's end, data loading and evaluations excluded), measured by the worker, the
+slowest worker's; with the library's `comm_seconds` (the time the workers blocked in the outer step) beside them.
+Also the training seconds until the eval perplexity first reaches diloco's final perplexity at the same bandwidth,
+and for a variant (`diloco_int8`, `adloco_overlap` ...: `convergence.METHODS[name]["variant_of"]`) its bytes per
+round, seconds per round, wall time and final perplexity against its base method's.
+
 One check, one criterion: the training-window link bytes within 15 % of the modelled bytes including the start
 broadcast, `comm_bytes + (M - 1) x 4 x parameters` (`_common.start_broadcast_bytes`: rank 0 sends its fp32 weights
 once to every other worker at the start, inside the training window; the ring model of `comm_bytes` leaves it out;
@@ -31,6 +40,9 @@ are printed as diagnostics only. Every count includes Ethernet/IP/TCP headers an
     python -m recipes.benchmarks.links --quick        # 100 Mbit/s, ddp/diloco/adloco, small budget (< 10 minutes)
     python -m recipes.benchmarks.links                # 10mbit 100mbit 1gbit, same budget (~25 minutes)
     python -m recipes.benchmarks.links --bandwidth 50mbit 1gbit --methods ddp diloco --budget_tokens 204800
+    # The pseudo-gradient's compression and the overlapped all-reduce at 10 Mbit/s, --quick's budget:
+    python -m recipes.benchmarks.links --quick --bandwidth 10mbit \\
+        --methods diloco diloco_int8 diloco_int4 diloco_overlap diloco_overlap_int4
 
 Outputs in `--output_dir` (default `outputs/benchmarks/links`): `results.json`
 (`{"bandwidths": {"100mbit": {"ddp": {"wall_seconds", "link_bytes", "model_bytes", "tokens", "final_eval_ppl",
@@ -92,6 +104,7 @@ __all__ = [
     "NamespacesUnavailable",
     "Sampler",
     "Testbed",
+    "add_reference_figures",
     "add_targets",
     "check_links",
     "default_burst",
@@ -102,8 +115,10 @@ __all__ = [
     "machine_command",
     "main",
     "parse_rate",
+    "per_round",
     "run_record",
     "setup_commands",
+    "steady_rounds",
     "tbf_commands",
     "teardown",
     "unavailable_reason",
@@ -165,6 +180,78 @@ def window_bytes(timeline: Sequence[Sequence], start: float, end: float) -> list
     return [{"tx": int(round(b - a)), "rx": int(round(d - c))} for a, b, c, d in zip(tx0, tx1, rx0, rx1)]
 
 
+def steady_rounds(marks_per_rank: Sequence[Sequence[Sequence[float]] | None] | None) -> dict | None:
+    """Rounds 2 to R from every worker's round marks (`[global_step, training seconds, evaluation seconds so far,
+    inner-step seconds so far]` at each round's end: `_convergence_worker.RoundMarks`): the seconds from the end of
+    the first round to the end of the last with the evaluations in between taken out (`wall_seconds_per_round`), and
+    the inner-step seconds in the same interval (`compute_seconds_per_round`), each per round and the slowest
+    worker's. Leaving out the first round leaves out the start (the weights' broadcast, warm-up); a round cut short
+    at the end, and what follows the last round's end (with `outer_overlap`, the last all-reduce) are outside too.
+    None when no worker has two marks."""
+    wall, compute, window = [], [], None
+    for marks in marks_per_rank or []:
+        if not marks or len(marks) < 2:
+            continue
+        n = len(marks) - 1
+        first, last = marks[0], marks[-1]
+        wall.append(((last[1] - first[1]) - (last[2] - first[2])) / n)
+        compute.append((last[3] - first[3]) / n)
+        window = window or (n, first[0], last[0])
+    if window is None:
+        return None
+    n, after_step, to_step = window
+    return {
+        "rounds": n,
+        "after_step": after_step,
+        "to_step": to_step,
+        "wall_seconds_per_round": max(wall),
+        "compute_seconds_per_round": max(compute),
+    }
+
+
+def per_round(result: dict, link_bytes_training: int | None, broadcast: int | None) -> dict:
+    """A run's figures per round (DDP: per step, one all-reduce each), from the worker's result.json and the
+    training-window link bytes:
+
+    - `link_bytes_per_round`: (training-window link bytes - the modelled start broadcast) / rounds: the broadcast
+      happens once per run, not per round (all link bytes when the broadcast is unknown);
+    - `model_bytes_per_round`: comm_bytes / rounds; `wall_seconds_per_round`: training seconds / rounds (the whole
+      training window: the start broadcast and the end included, evaluations excluded);
+    - `steady_wall_seconds_per_round`, `compute_seconds_per_round`: rounds 2 to R ([`steady_rounds`]): the wall
+      seconds of a round, and its compute-only seconds, the inner steps' (forward, backward, optimizer: what runs
+      between the Trainer's `on_step_begin` and `on_step_end`; the round's end, data loading and evaluations not),
+      the slowest worker's each; `steady_vs_compute` = their ratio (1 when communication is hidden or free);
+    - `blocked_seconds_per_round`: the mean over the same rounds of the library's `comm_seconds` (the round's slowest
+      instance): the outer step as the worker waited for it (with `outer_overlap`, the wait for the background
+      all-reduce). AdLoCo kinds only: DDP's all-reduce runs inside its backward, so its steps are not compute-only.
+    """
+    rounds = result.get("rounds") or result.get("steps") or None
+    steady = steady_rounds(result.get("round_marks_per_rank"))
+    blocked = None
+    if steady is not None and result.get("round_log"):
+        inside = [
+            r.get("comm_seconds")
+            for r in result["round_log"]
+            if steady["after_step"] < r["global_step"] <= steady["to_step"]
+        ]
+        if inside and None not in inside:
+            blocked = sum(inside) / len(inside)
+    link = None if link_bytes_training is None else link_bytes_training - (broadcast or 0)
+    steady_wall = None if steady is None else steady["wall_seconds_per_round"]
+    compute = None if steady is None else steady["compute_seconds_per_round"]
+    return {
+        "rounds": rounds,
+        "link_bytes_per_round": None if link is None or not rounds else link / rounds,
+        "model_bytes_per_round": result["comm_bytes"] / rounds if rounds else None,
+        "wall_seconds_per_round": result["wall_seconds"] / rounds if rounds else None,
+        "steady_rounds": None if steady is None else steady["rounds"],
+        "steady_wall_seconds_per_round": steady_wall,
+        "compute_seconds_per_round": compute,
+        "steady_vs_compute": ratio(steady_wall, compute),
+        "blocked_seconds_per_round": blocked,
+    }
+
+
 def run_record(
     result: dict,
     *,
@@ -222,6 +309,8 @@ def run_record(
         # communication time at this rate, latency and overlap aside.
         "model_comm_seconds": model / world * 8 / rate_bits,
         "comm_rounds": result.get("comm_rounds"),
+        # Per round: link and model bytes, wall and compute-only seconds ([`per_round`]).
+        **per_round(result, link_training, broadcast),
         "curve": curve,
         "to_target": {},
         "timings": {
@@ -253,6 +342,35 @@ def add_targets(bandwidths: dict[str, dict[str, dict]]) -> list[float]:
     for run in runs:
         run["to_target"] = {f"{t:g}": first_crossing(run["curve"], t) for t in targets}
     return targets
+
+
+def add_reference_figures(bandwidths: dict[str, dict[str, dict]]) -> None:
+    """Per bandwidth, fill each run's `to_diloco_final_ppl` (`{"ppl", "seconds", "tokens"}`: when its eval curve
+    first reaches the final perplexity of `diloco` (bf16 pseudo-gradients, no overlap) at the same bandwidth, or
+    None if it never does or diloco did not run) and, for a variant (`convergence.METHODS[name]["variant_of"]`),
+    `base`, `link_bytes_per_round_vs_base`, `steady_seconds_per_round_vs_base`, `wall_seconds_vs_base` and
+    `final_ppl_vs_base` against the run of its base method at the same bandwidth."""
+    for methods in bandwidths.values():
+        diloco = methods.get("diloco")
+        target = None if not diloco or "error" in diloco else diloco.get("final_eval_ppl")
+        for name, run in methods.items():
+            if "error" in run:
+                continue
+            hit = None if target is None else first_crossing(run.get("curve", []), target)
+            run["to_diloco_final_ppl"] = None if hit is None else {"ppl": target, **hit}
+            base_name = convergence.METHODS.get(name, {}).get("variant_of")
+            base = methods.get(base_name) if base_name else None
+            if base is None or "error" in base:
+                continue
+            run["base"] = base_name
+            run["link_bytes_per_round_vs_base"] = ratio(
+                run.get("link_bytes_per_round"), base.get("link_bytes_per_round")
+            )
+            run["steady_seconds_per_round_vs_base"] = ratio(
+                run.get("steady_wall_seconds_per_round"), base.get("steady_wall_seconds_per_round")
+            )
+            run["wall_seconds_vs_base"] = ratio(run.get("wall_seconds"), base.get("wall_seconds"))
+            run["final_ppl_vs_base"] = ratio(run.get("final_eval_ppl"), base.get("final_eval_ppl"))
 
 
 PRIMARY = "link_training_vs_model_with_broadcast"
@@ -306,6 +424,56 @@ COLUMNS = [
 ]
 
 
+PER_ROUND_COLUMNS = [
+    "bandwidth",
+    "method",
+    "rounds",
+    "link B/round",
+    "model B/round",
+    "B/round vs base",
+    "wall s/round",
+    "steady s/round",
+    "compute s/round",
+    "blocked s/round",
+    "steady/compute",
+    "s to diloco ppl",
+    "ppl vs base",
+]
+
+
+def per_round_rows(bandwidths: dict[str, dict[str, dict]]) -> list[dict]:
+    """The per-round table's rows ([`per_round`], [`add_reference_figures`])."""
+    rows = []
+    for bandwidth, methods in bandwidths.items():
+        for method, run in methods.items():
+            if "error" in run:
+                continue
+            base = run.get("base")
+            hit = run.get("to_diloco_final_ppl")
+            rows.append(
+                {
+                    "bandwidth": bandwidth,
+                    "method": method,
+                    "rounds": run.get("rounds"),
+                    "link B/round": human_bytes(run.get("link_bytes_per_round")),
+                    "model B/round": human_bytes(run.get("model_bytes_per_round")),
+                    "B/round vs base": None
+                    if run.get("link_bytes_per_round_vs_base") is None
+                    else f"{run['link_bytes_per_round_vs_base']:.3f} ({base})",
+                    "wall s/round": run.get("wall_seconds_per_round"),
+                    "steady s/round": run.get("steady_wall_seconds_per_round"),
+                    "compute s/round": run.get("compute_seconds_per_round"),
+                    "blocked s/round": run.get("blocked_seconds_per_round"),
+                    "steady/compute": run.get("steady_vs_compute"),
+                    "s to diloco ppl": None if hit is None else hit.get("seconds"),
+                    "ppl vs base": None
+                    if run.get("final_ppl_vs_base") is None
+                    else f"{run['final_ppl_vs_base']:.3f} ({base})",
+                }
+            )
+    return rows
+
+
 def format_report(results: dict) -> str:
     rows = []
     for bandwidth, methods in results["bandwidths"].items():
@@ -333,6 +501,9 @@ def format_report(results: dict) -> str:
                 }
             )
     lines = [table(rows, COLUMNS)]
+    per_round_table = per_round_rows(results["bandwidths"])
+    if per_round_table:
+        lines += ["", table(per_round_table, PER_ROUND_COLUMNS)]
     targets = results.get("targets") or []
     if targets:
         columns = [
@@ -368,6 +539,19 @@ def format_report(results: dict) -> str:
         f"train/(model+bcast) within {TOLERANCE:.0%} of 1. train/model and launch/model (against comm_bytes "
         "alone) are diagnostics only, not checked. to-target: interpolated on the eval curves (log-perplexity "
         "linear between evaluations).",
+        "",
+        "Per round (DDP: per step): link B/round: training-window link bytes less the modelled start broadcast, "
+        "/ rounds; model B/round: comm_bytes / rounds; B/round vs base: link B/round against the method this one "
+        "varies (diloco for diloco_int8 ...). wall s/round: training seconds / rounds (the whole window, the start "
+        "broadcast included). steady s/round: rounds 2 to R, from the end of the first round to the end of the last, "
+        "evaluations excluded, the slowest worker. compute s/round: the compute-only time of a round, the same "
+        "rounds' inner-step seconds (forward, backward, optimizer: from on_step_begin to on_step_end; the round's "
+        "end, data loading and evaluations excluded), the slowest worker; not for DDP, whose all-reduce runs inside "
+        "backward. blocked s/round: the library's comm_seconds, the outer step as the workers waited for it (with "
+        "outer_overlap the wait for the background all-reduce), mean over the same rounds. steady/compute: 1 when "
+        "communication costs no time. s to diloco ppl: training seconds until the eval perplexity first reaches "
+        "diloco's final perplexity at the same bandwidth (- never). ppl vs base: final perplexity / the base "
+        "method's.",
     ]
     verdict = {True: "holds", False: "MISSED", None: "n/a"}
     for check in results.get("checks", []):
@@ -603,7 +787,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argpa
         epilog="Every other option is convergence.py's (--budget_tokens, --inner_steps, --set SECTION.KEY=JSON ...).",
     )
     parser.add_argument("--quick", action="store_true", help="100mbit only, a small budget (< 10 minutes, 2 cores).")
-    parser.add_argument("--bandwidth", nargs="+", default=None, help="tc rates (default: 10mbit 100mbit 1gbit).")
+    parser.add_argument(
+        "--bandwidth",
+        "--bandwidths",
+        nargs="+",
+        default=None,
+        help="tc rates, e.g. 10mbit 100mbit 1gbit (the default; --quick: 100mbit).",
+    )
     parser.add_argument("--methods", nargs="+", choices=list(convergence.METHODS), default=list(DEFAULT_METHODS))
     parser.add_argument("--output_dir", default="outputs/benchmarks/links")
     parser.add_argument("--workers", type=int, default=4, help="Workers, one network namespace each.")
@@ -715,6 +905,7 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         print(cleanup_line(plan, testbed.teardown), flush=True)
     results["targets"] = add_targets(results["bandwidths"])
+    add_reference_figures(results["bandwidths"])
     results["checks"] = check_links(results["bandwidths"])
     results["total_seconds"] = time.perf_counter() - start
     write_json(os.path.join(output_dir, "results.json"), results)

@@ -34,7 +34,10 @@ from adloco_hf.switch_mode import plan_batch  # noqa: E402
 
 
 def gather_params(model) -> torch.Tensor:
-    local = flat_params(model)
+    return gather_flat(flat_params(model))
+
+
+def gather_flat(local: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, local)
     return torch.stack(parts)
@@ -76,8 +79,11 @@ class AfterSync(TrainerCallback):
         self.rounds += 1
         engine = self.trainer.worker
         stacked = gather_params(self.trainer.model)
+        # Overlapped outer steps (eager updates) start each worker from φ + its own offset: there φ is what the
+        # workers of an instance share after every outer step.
+        shared = gather_flat(engine.global_model.phi.detach()) if args.outer_overlap else stacked
         for inst in engine.instances:
-            members = stacked[list(inst.workers)]
+            members = shared[list(inst.workers)]
             assert torch.equal(members, members[:1].expand_as(members)), (
                 f"instance {inst.id} replicas differ after sync"
             )
@@ -155,17 +161,17 @@ class RecordingTrainer(AdLoCoTrainer):
 
 def spy_on_merges(probe_dir: str, rank: int) -> None:
     """Save this rank's global weights right before each merge (for the merge-equals-weighted-average test)."""
-    original = merging.execute_merge
+    original = merging.merge_at_round_end  # the worker's one way into a merge, whatever its transport
     counter = [0]
 
-    def spy(plan, transfers, *, rank, global_model, **kwargs):
+    def spy(plan, where, *, rank, global_model, **kwargs):
         step = counter[0]
         counter[0] += 1
         path = os.path.join(probe_dir, f"premerge-rank{rank}-{step}-i{plan.survivor}-{plan.merged}.safetensors")
         safetensors.torch.save_file({"phi": global_model.phi.detach().cpu().contiguous()}, path)
-        return original(plan, transfers, rank=rank, global_model=global_model, **kwargs)
+        return original(plan, where, rank=rank, global_model=global_model, **kwargs)
 
-    merging.execute_merge = spy
+    merging.merge_at_round_end = spy
 
 
 class FakeHubApi:
