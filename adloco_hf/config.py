@@ -130,10 +130,10 @@ class AdLoCoConfig(TrainingArguments):
             `CPU_AUTO_MAX_BATCH_SIZE` (32).
         batch_size_cap (`int`, *optional*):
             Upper bound on the per-worker request (default: unbounded, but never more than a worker's data shard).
-        batch_size_smoothing (`float`, *optional*, defaults to `0.0`):
+        batch_size_smoothing (`float`, *optional*, defaults to `0.5`):
             β in [0, 1) of the moving averages across rounds of tr Σ̂ and ‖∇F‖² (kept separately; the norm test
             reads their ratio). `0` uses each round's statistics alone (the paper).
-        nonpositive_signal (`str`, *optional*, defaults to `"clamp"`):
+        nonpositive_signal (`str`, *optional*, defaults to `"keep"`):
             What the norm test does when the (smoothed) estimate of ‖∇F‖² is ≤ 0: `"keep"` the request, or
             `"clamp"` the estimate at 0 (the paper: a jump to B / η²).
         batch_size_shrink (`bool`, *optional*, defaults to `False`):
@@ -148,7 +148,7 @@ class AdLoCoConfig(TrainingArguments):
             noise scale tr Σ / ‖∇F‖² (the norm test's own fixed point is (1 − η²) / η² of it, 0.56 at η = 0.8).
         noise_scale_multiple (`float`, *optional*, defaults to `1.0`):
             See `batch_size_target`.
-        merge_batch_rule (`str`, *optional*, defaults to `"paper"`):
+        merge_batch_rule (`str`, *optional*, defaults to `"preserve_total"`):
             `"paper"`: a merged instance keeps its per-worker request while gaining workers (its total grows);
             `"preserve_total"`: every instance keeps its total batch across a merge (per-worker ⌈total / workers⌉),
             and demand and merge weights count the samples actually processed in the round.
@@ -260,10 +260,10 @@ class AdLoCoConfig(TrainingArguments):
     )
     batch_size_cap: int | None = field(default=None, metadata={"help": "Upper bound on the per-worker request."})
     batch_size_smoothing: float = field(
-        default=0.0, metadata={"help": "β of the moving averages of the gradient statistics (0: one round)."}
+        default=0.5, metadata={"help": "β of the moving averages of the gradient statistics (0: one round)."}
     )
     nonpositive_signal: str = field(
-        default="clamp",
+        default="keep",
         metadata={
             "help": "When the ‖∇F‖² estimate is <= 0: keep the request or clamp.",
             "choices": list(NONPOSITIVE_SIGNAL),
@@ -281,7 +281,7 @@ class AdLoCoConfig(TrainingArguments):
     )
     noise_scale_multiple: float = field(default=1.0, metadata={"help": "Target = this × the noise scale."})
     merge_batch_rule: str = field(
-        default="paper",
+        default="preserve_total",
         metadata={"help": "Per-worker request after a merge.", "choices": list(MERGE_BATCH_RULES)},
     )
     switch_threshold: float = field(default=2.0, metadata={"help": "γ of switch mode (≥ 1)."})

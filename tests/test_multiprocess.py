@@ -156,7 +156,9 @@ def test_each_instance_is_evaluated_on_its_own_weights(tmp_path):
             by_step.setdefault(check["step"], {})[check["instance"]] = check["logged"]
     for losses in by_step.values():
         assert set(losses) == {0, 1}
-        assert abs(losses[0] - losses[1]) > 1e-3  # different models, different perplexities
+        # Different models, different losses (the same weights would give the same loss to float round-off; the gap
+        # itself depends on the trajectory: 3.6e-4 at one step with the controller's defaults).
+        assert abs(losses[0] - losses[1]) > 1e-5
     evals = [json.loads(line) for line in open(os.path.join(out, "adloco_eval.jsonl"))]
     assert {e["instance"] for e in evals} == {0, 1, "merged"}
     merged = [e for e in evals if e["instance"] == "merged"]

@@ -252,6 +252,16 @@ def per_round(result: dict, link_bytes_training: int | None, broadcast: int | No
     }
 
 
+def merged_evaluations(path: str) -> int:
+    """How many in-training evaluations of the merged model an eval log holds (`eval_merged_model`; the final one,
+    after the final merge, costs no all-reduce)."""
+    if not os.path.exists(path):
+        return 0
+    with open(path) as handle:
+        lines = [json.loads(line) for line in handle if line.strip()]
+    return sum(1 for line in lines if line.get("instance") == "merged" and line.get("final") is False)
+
+
 def run_record(
     result: dict,
     *,
@@ -280,6 +290,12 @@ def run_record(
     # Not in comm_bytes (the ring model): at the start of training rank 0 sends its fp32 weights to every other
     # worker once (DDP's module sync, AdLoCo's initialisation), inside the training window. Computed, not fitted.
     broadcast = start_broadcast_bytes(world, result["parameters"]) if result.get("parameters") else None
+    # Nor are the merged-model evaluations (`eval_merged_model`): each sums the instances' fp32 weights over the world
+    # in one all-reduce, 2 (M − 1) × 4 × parameters, inside the training window. Counted from the eval log.
+    evaluations = merged_evaluations(os.path.join(folder, "adloco_eval.jsonl"))
+    eval_bytes = evaluations * 2 * max(world - 1, 0) * 4 * result["parameters"] if result.get("parameters") else 0
+    if broadcast is not None:
+        broadcast += eval_bytes
     model_with_broadcast = None if broadcast is None else model + broadcast
     steps = result.get("steps") or 0
     rounds_file = os.path.join(folder, "adloco_rounds.jsonl")
@@ -299,7 +315,9 @@ def run_record(
         "link_bytes_training": link_training,
         "link_bytes_training_per_worker": training,
         # The check's ratio ([`check_links`]): training-window link bytes / (comm_bytes + the start broadcast).
-        "broadcast_bytes_model": broadcast,
+        "broadcast_bytes_model": broadcast,  # the start broadcast + the merged-model evaluations' all-reduces
+        "merged_evaluations": evaluations,
+        "merged_evaluation_bytes": eval_bytes,
         "model_bytes_with_broadcast": model_with_broadcast,
         "link_training_vs_model_with_broadcast": ratio(link_training, model_with_broadcast),
         # Diagnostics only: against comm_bytes alone, in the training window and over the whole launch.
@@ -531,7 +549,8 @@ def format_report(results: dict) -> str:
         "all-reduce model 2 (M - 1) x payload, summed over the run. model+bcast: comm_bytes plus the start "
         "broadcast, (M - 1) x 4 x parameters (rank 0 sends its fp32 weights once to every other worker at the start, "
         "inside the training window: DDP's module sync, AdLoCo's initialisation; the ring model leaves it out; "
-        "computed from first principles, not fitted). link bytes: the bytes every worker's link sent (sum over the "
+        "computed from first principles, not fitted), and with eval_merged_model each in-training evaluation of the "
+        "merged model, one all-reduce of fp32 weights, 2 (M - 1) x 4 x parameters. link bytes: the bytes every worker's link sent (sum over the "
         "workers of lnkK's tx_bytes; each also received about as much): (train) between the first worker's start of "
         "training and the last one's end, evaluations included, interpolated on a 0.25 s timeline; (launch) the "
         "whole launch: the training window plus torchrun's rendezvous, gloo's connection set-up and the result "
