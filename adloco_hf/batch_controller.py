@@ -142,6 +142,10 @@ def next_request(
             nu=rules.nu,
             cap=rules.cap,
         )
+    if pooled.workers == 0:
+        # No statistics this round (an fp16 overflow, say): the estimate is the one the current request was
+        # already computed from, so reading it again would move the request on old information.
+        return current
     batch = pooled.samples if pooled.samples > 0 else current * num_workers
     total = _wanted_total(rules, estimate, batch)
     if total is None or not math.isfinite(total):

@@ -87,6 +87,9 @@ def launch_command(
 ) -> list[str]:
     """The command line that starts `num_processes` workers on this machine with `accelerate launch --multi_gpu`.
 
+    One process (`num_processes=1`) is started with `torch.distributed.run` instead, which `--multi_gpu` refuses:
+    still a real process group, of one rank (`mixed_precision` is then left to the worker's TrainingArguments).
+
     With `num_machines > 1` it is the command of one machine of a multi-machine launch: run it once per machine
     (`machine_rank` 0 to `num_machines - 1`), each starting `num_processes / num_machines` workers, all meeting at
     `main_process_ip:main_process_port` (machine 0's address; `recipes/benchmarks/links.py` runs each machine in
@@ -126,6 +129,23 @@ def launch_command(
     elif num_machines != 1 or machine_rank != 0 or main_process_ip is not None:
         raise ValueError("machine_rank and main_process_ip need num_machines > 1")
     port = free_port() if main_process_port is None else main_process_port
+    if num_processes == 1:
+        if mixed_precision != "no":
+            raise ValueError("one process is started without accelerate: set fp16/bf16 in its TrainingArguments")
+        # `accelerate launch --multi_gpu` refuses one process, and without it the worker would get no process
+        # group (nothing to exercise the backend with): torchrun starts one rank of a real group of one.
+        return [
+            python or sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "1",
+            "--master_port",
+            str(port),
+            *(["--module"] if module else []),
+            target,
+            *args,
+        ]
     return [
         python or sys.executable,
         "-m",

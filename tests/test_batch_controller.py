@@ -42,6 +42,18 @@ def test_smoothing_averages_noise_and_signal_separately_with_bias_correction():
     assert estimate.update(missing, 0.5) == estimate  # a round without statistics changes nothing
 
 
+def test_a_round_without_statistics_keeps_the_request():
+    # Round 1 measured and set the request from its estimate; round 2's statistics step overflowed (fp16): the
+    # estimate is unchanged, and reading it again with round 2's batch must not move the request (seen on a GPU).
+    estimate = NoiseEstimate().update(pooled_of(30.0, 20.0, samples=4), 0.5)
+    rules = ControllerRules(eta=0.5, smoothing=0.5, nonpositive_signal="keep")
+    request = next_request(rules, pooled_of(30.0, 20.0, samples=4), estimate, current=4, num_workers=1)
+    assert request > 4
+    missing = pool_statistics([GradientStatistics.missing()])
+    assert estimate.update(missing, 0.5) == estimate
+    assert next_request(rules, missing, estimate, current=request, num_workers=1) == request
+
+
 def test_a_nonpositive_signal_keeps_the_request_where_the_paper_jumps_by_one_over_eta_squared():
     noisy = pooled_of(40.0, 5.0, samples=4)  # ‖∇F‖² ≈ 5 − 40 / 4 < 0
     assert noisy.signal < 0

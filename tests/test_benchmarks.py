@@ -948,8 +948,19 @@ def test_gpu_check_table_from_the_steps_outcomes(tmp_path):
         "1 worker, gloo, fp16": {"code": 0, "output": ""},
         "1 worker, nccl, fp16, auto": {"code": 0, "output": ""},
         "overhead": {"code": 1, "output": ""},
+        "4 workers, gloo, fp16, comm": {"code": 1, "output": ""},
     }
+    # The communication step: one method finished, the other did not.
+    (tmp_path / "comm").mkdir()
+    finished = {"tokens_per_second": 2500.0, "final_eval_ppl": 95.0}
+    results = {"methods": {"adloco": {"seed_results": {"7": finished}}, "diloco_overlap_int4": {"seed_results": {}}}}
+    (tmp_path / "comm" / "results.json").write_text(json.dumps(results))
+    assert commands["4 workers, gloo, fp16, comm"][-4:-2] == list(gpu_check.COMM_METHODS)
     rows = {row["step"]: row for row in gpu_check.summarise(outcomes, str(tmp_path))}
+    assert rows["comm: adloco"]["result"] == "2,500 tokens/s, ppl 95.0"
+    assert rows["comm: diloco_overlap_int4"] == {
+        "step": "comm: diloco_overlap_int4", "ok": "FAILED", "result": "no result (exit 1)",
+    }  # fmt: skip
     assert rows["cuda tests"]["ok"] == "FAILED"
     assert rows["4 workers, gloo, fp16"]["ok"] == "ok" and "3,000 tokens/s" in rows["4 workers, gloo, fp16"]["result"]
     assert "auto -> 48" in rows["1 worker, nccl, fp16, auto"]["result"]

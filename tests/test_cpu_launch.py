@@ -9,6 +9,7 @@ import torch
 from helpers import SCRIPTS, launch, sequence_dataset, tiny_model
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+from adloco_hf.testing import launch_command
 
 
 @pytest.mark.multiprocess
@@ -20,6 +21,20 @@ def test_multi_gpu_launch_without_use_cpu_forms_one_gloo_group(tmp_path):
     assert all(s["device"].startswith("cpu") for s in seen), seen
     output = result.stdout + result.stderr
     assert output.count("AdLoCoConfig sets use_cpu=True") == 1, output  # told once, by the first worker
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU launch path: without a GPU")
+def test_a_launch_of_one_worker_is_a_real_process_group_of_one(tmp_path):
+    # `accelerate launch --multi_gpu` refuses one process; launch_command starts it with torchrun instead.
+    command = launch_command(os.path.join(SCRIPTS, "config_world_size.py"), "1", str(tmp_path), num_processes=1)
+    assert command[1:3] == ["-m", "torch.distributed.run"]
+    launch(os.path.join(SCRIPTS, "config_world_size.py"), "1", str(tmp_path), num_processes=1, timeout=240)
+    seen = json.loads((tmp_path / "rank-0.json").read_text())
+    # One process needs no gloo group of the CPU workers (use_cpu stays as the user set it).
+    assert (seen["world_size"], seen["device"]) == (1, "cpu"), seen
+    with pytest.raises(ValueError, match="TrainingArguments"):
+        launch_command("train.py", num_processes=1, mixed_precision="fp16")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU launch hint is given without a GPU")

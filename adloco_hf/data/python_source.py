@@ -139,7 +139,8 @@ def check_pinned_versions(pins: Mapping[str, str] = PINNED_VERSIONS) -> dict[str
             raise RuntimeError(
                 f"{BUILTIN_SOURCE_CORPUS} is made of the source of {package}=={pinned}, but {package} {version} is "
                 f"installed: the corpus would differ from every other machine's. Install {package}=={pinned} "
-                "(as setup.py and the Makefile do) or use another corpus."
+                "(as setup.py and the Makefile do), use another corpus, or load an export of it made where the "
+                "pins are installed (ADLOCO_SOURCE_CORPUS, see adloco_hf.data.corpus_export)."
             )
         found[package] = version
     return found
@@ -291,7 +292,12 @@ def load_source_corpus(packages: Iterable[str] | None = None, *, max_files: int 
     def documents() -> Iterator[dict[str, object]]:
         yield from read_documents(files)
 
-    features = datasets.Features(
+    return datasets.Dataset.from_generator(documents, features=source_corpus_features(), fingerprint=fingerprint)
+
+
+def source_corpus_features() -> datasets.Features:
+    """The corpus's columns: the document, its split, whether the tokenizer learns from it, and its path."""
+    return datasets.Features(
         {
             "text": datasets.Value("string"),
             SPLIT_COLUMN: datasets.Value("string"),
@@ -299,7 +305,6 @@ def load_source_corpus(packages: Iterable[str] | None = None, *, max_files: int 
             PATH_COLUMN: datasets.Value("string"),
         }
     )
-    return datasets.Dataset.from_generator(documents, features=features, fingerprint=fingerprint)
 
 
 def _digest(data: bytes) -> str:

@@ -113,7 +113,7 @@ def load_text_corpus(
     | source | what is loaded |
     |---|---|
     | `"builtin:python-docs"` | [`load_builtin_corpus`] (offline), the first `num_documents` rows if given |
-    | `"builtin:python-source"` | [`load_source_corpus`] (offline), the first `num_documents` rows if given |
+    | `"builtin:python-source"` | [`load_source_corpus`] (offline; an export of it where `ADLOCO_SOURCE_CORPUS` is set, see [`corpus_export`]), the first `num_documents` rows if given |
     | `"allenai/c4"` or `"c4"` | [`load_c4`]; `num_documents` is required |
     | a local file | `.json`/`.jsonl` with the "json" builder, `.txt` with the "text" builder (one document per line), also `.csv`, `.parquet` and compressed `.gz`/`.bz2`/`.xz`/`.zst` |
     | a local directory | `load_dataset(directory)`, the builder inferred from the files in it |
@@ -144,7 +144,10 @@ def load_text_corpus(
             raise ValueError(
                 f"data_files is not used with {BUILTIN_SOURCE_CORPUS!r}; pass source='allenai/c4' or a path"
             )
-        corpus = load_source_corpus()
+        from .corpus_export import SOURCE_CORPUS_ENV, load_exported_corpus  # its CLI runs with `python -m`
+
+        export = os.environ.get(SOURCE_CORPUS_ENV)
+        corpus = load_exported_corpus(export) if export else load_source_corpus()
         return corpus if num_documents is None else corpus.select(range(min(num_documents, len(corpus))))
     if source in (C4_DATASET, "c4"):
         if num_documents is None:

@@ -1,4 +1,4 @@
-"""`make gpu-check`: everything that needs CUDA, in one run of < 10 minutes on one H100, summed up in one table.
+"""`make gpu-check`: everything that needs CUDA, in one run of about 12 minutes on one H100, summed up in one table.
 
 The library is developed on CPU machines; this is what to run whenever a GPU is at hand. Steps, in order (each runs
 even if an earlier one failed; its outcome is a row of the table):
@@ -11,6 +11,7 @@ even if an earlier one failed; its outcome is a row of the table):
 | `4 workers / 1 worker` | tokens/s of the two runs above, same backend and batch (the paper's claim: several workers sharing a GPU train faster) | ratio |
 | `1 worker, nccl, fp16, auto` | one worker over NCCL with `max_batch_size="auto"` | found max batch, peak memory, tokens/s |
 | `overhead` | `overhead --device cuda --fp16 --quick`: AdLoCo's throughput against the plain Trainer on the GPU | throughput ratio |
+| `4 workers, gloo, fp16, comm` | `convergence --methods diloco_overlap_int4 adloco`: the int4 ring with error feedback on a thread with its own CUDA stream, the overlapped outer step, merges by all-reduce, merged-model evaluation | tokens/s, final ppl, per method |
 
     make gpu-check                                     # from the repository root; exits 1 when a step failed
     python -m recipes.benchmarks.gpu_check --skip overhead
@@ -30,11 +31,21 @@ import time
 from recipes.benchmarks._common import REPO, human_bytes, ratio, table, write_json
 
 
-STEPS = ("cuda tests", "4 workers, gloo, fp16", "1 worker, gloo, fp16", "1 worker, nccl, fp16, auto", "overhead")
+STEPS = (
+    "cuda tests",
+    "4 workers, gloo, fp16",
+    "1 worker, gloo, fp16",
+    "1 worker, nccl, fp16, auto",
+    "overhead",
+    "4 workers, gloo, fp16, comm",
+)
 # The training steps and their output folders.
 RUNS = {"4 workers, gloo, fp16": "gloo4", "1 worker, gloo, fp16": "gloo1", "1 worker, nccl, fp16, auto": "nccl1"}
+# The communication options of the outer step (issues 14 and 15), each a method of `convergence`.
+COMM_METHODS = ("diloco_overlap_int4", "adloco")
 # A short run of MicroLlama's architecture (the CUDA quick profile of `convergence`), one seed, fixed batch.
-TRAIN = ["--device", "cuda", "--fp16", "--quick", "--seeds", "1", "--methods", "diloco", "--budget_tokens", "204800"]
+SHORT = ["--device", "cuda", "--fp16", "--quick", "--seeds", "1", "--budget_tokens", "204800"]
+TRAIN = [*SHORT, "--methods", "diloco"]
 
 
 def step_commands(output_dir: str) -> dict[str, list[str]]:
@@ -73,6 +84,16 @@ def step_commands(output_dir: str) -> dict[str, list[str]]:
             "--output_dir",
             os.path.join(output_dir, "overhead"),
         ],  # fmt: skip
+        "4 workers, gloo, fp16, comm": [
+            python,
+            "-m",
+            "recipes.benchmarks.convergence",
+            *SHORT,
+            "--methods",
+            *COMM_METHODS,
+            "--output_dir",
+            os.path.join(output_dir, "comm"),
+        ],
     }
 
 
@@ -84,13 +105,13 @@ def pytest_counts(output: str) -> dict[str, int]:
     return counts
 
 
-def diloco_result(folder: str) -> dict | None:
-    """The `diloco` run of a `convergence` output folder (its only seed), or None when it did not finish."""
+def method_result(folder: str, name: str = "diloco") -> dict | None:
+    """Method `name`'s run in a `convergence` output folder (its only seed), or None when it did not finish."""
     path = os.path.join(folder, "results.json")
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8") as f:
-        method = json.load(f)["methods"]["diloco"]
+        method = json.load(f)["methods"].get(name, {})
     runs = [r for r in method.get("seed_results", {}).values() if "error" not in r]
     return runs[0] if runs else None
 
@@ -107,7 +128,7 @@ def summarise(outcomes: dict[str, dict], output_dir: str) -> list[dict]:
     for step, folder in RUNS.items():
         if step not in outcomes:
             continue
-        result = diloco_result(os.path.join(output_dir, folder))
+        result = method_result(os.path.join(output_dir, folder))
         runs[step] = result
         if result is None:
             rows.append({"step": step, "ok": False, "result": f"no result (exit {outcomes[step]['code']})"})
@@ -133,6 +154,15 @@ def summarise(outcomes: dict[str, dict], output_dir: str) -> list[dict]:
             rows.append(
                 {"step": "overhead", "ok": False, "result": f"no result (exit {outcomes['overhead']['code']})"}
             )
+    comm = outcomes.get("4 workers, gloo, fp16, comm")
+    if comm is not None:
+        for name in COMM_METHODS:
+            result = method_result(os.path.join(output_dir, "comm"), name)
+            if result is None:
+                rows.append({"step": f"comm: {name}", "ok": False, "result": f"no result (exit {comm['code']})"})
+                continue
+            detail = f"{result['tokens_per_second']:,.0f} tokens/s, ppl {result['final_eval_ppl']:.1f}"
+            rows.append({"step": f"comm: {name}", "ok": comm["code"] == 0, "result": detail})
     for row in rows:
         row["ok"] = "ok" if row["ok"] else "FAILED"
     return rows
