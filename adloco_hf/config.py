@@ -14,6 +14,7 @@ from .compat import (
     warn_about_what_works_badly,
     warn_once,
 )
+from .grad_stats import NOISE_PRECONDITIONERS
 from .lr_scaling import LR_SCALING_RULES
 
 
@@ -133,6 +134,10 @@ class AdLoCoConfig(TrainingArguments):
         batch_size_smoothing (`float`, *optional*, defaults to `0.5`):
             β in [0, 1) of the moving averages across rounds of tr Σ̂ and ‖∇F‖² (kept separately; the norm test
             reads their ratio). `0` uses each round's statistics alone (the paper).
+        noise_preconditioner (`str`, *optional*, defaults to `"none"`):
+            The metric the gradient statistics are measured in: `"none"` (Euclidean, the paper) or `"adam"` (Adam's,
+            P = 1 / (√v̂ + ε) from the inner optimizer's second moments: tr P Σ and gᵀ P g, the noise as the optimizer
+            sees it). Needs an Adam-like inner optimizer; a statistics step before its first step measures nothing.
         nonpositive_signal (`str`, *optional*, defaults to `"keep"`):
             What the norm test does when the (smoothed) estimate of ‖∇F‖² is ≤ 0: `"keep"` the request, or
             `"clamp"` the estimate at 0 (the paper: a jump to B / η²).
@@ -262,6 +267,13 @@ class AdLoCoConfig(TrainingArguments):
     batch_size_smoothing: float = field(
         default=0.5, metadata={"help": "β of the moving averages of the gradient statistics (0: one round)."}
     )
+    noise_preconditioner: str = field(
+        default="none",
+        metadata={
+            "help": "Metric of the gradient statistics: none (Euclidean) or adam (Adam's second moments).",
+            "choices": list(NOISE_PRECONDITIONERS),
+        },
+    )
     nonpositive_signal: str = field(
         default="keep",
         metadata={
@@ -358,6 +370,7 @@ class AdLoCoConfig(TrainingArguments):
             "outer_state_device": OUTER_STATE_DEVICES,
             "pseudo_grad_compression": PSEUDO_GRAD_COMPRESSIONS,
             "nonpositive_signal": NONPOSITIVE_SIGNAL,
+            "noise_preconditioner": NOISE_PRECONDITIONERS,
             "batch_size_target": BATCH_SIZE_TARGETS,
             "merge_batch_rule": MERGE_BATCH_RULES,
             "lr_batch_scaling": LR_SCALING_RULES,
@@ -494,6 +507,7 @@ class AdLoCoConfig(TrainingArguments):
             "max_batch_size",
             "batch_size_cap",
             "batch_size_smoothing",
+            "noise_preconditioner",
             "nonpositive_signal",
             "batch_size_shrink",
             "shrink_hysteresis",

@@ -13,6 +13,13 @@ The inner-product tests also need ⟨g_j, g⟩. With two groups it follows from 
 halves and the first half's gradient is set aside while the second half accumulates, which holds one extra
 gradient-sized buffer for the rest of that single step.
 
+**Adam-preconditioned statistics** (`noise_preconditioner="adam"`). Adam does not step along the gradient but along
+P g with P = diag(1 / (√v̂ + ε)) from its second moments, so the noise that matters to it is measured in P's metric:
+every squared norm and inner product above becomes ‖x‖²_P = Σ P x² (tr P Σ and gᵀ P g, whose ratio is the
+preconditioned noise scale of McCandlish et al., appendix A). The hooks multiply each contribution by √P, read from
+the inner optimizer's `exp_avg_sq` (bias-corrected) at the start of the statistics step; before Adam's first step
+there is no P, and the step gives no statistics (the request stays).
+
 A batch of one sample cannot be split. Then the previous inner step's gradient is kept as a second group
 (as AdaptDL does): it costs one fp32 copy of the gradients held for one step, and it is biased upwards because the
 two gradients are taken at weights one optimizer step apart, E‖g_{t-1} − g_t‖² = 2 tr Σ + ‖∇F(θ_{t-1}) − ∇F(θ_t)‖²,
@@ -20,6 +27,7 @@ so the variance is overestimated by at most L²‖θ_t − θ_{t-1}‖² / 2 —
 with adaptive batches, and erring towards a larger batch.
 """
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 
@@ -28,7 +36,43 @@ import torch
 from .batch_size import GradientStatistics, group_statistics
 
 
-__all__ = ["GradientStatisticsCollector"]
+__all__ = ["NOISE_PRECONDITIONERS", "GradientStatisticsCollector", "adam_root_preconditioner", "check_adam_moments"]
+
+NOISE_PRECONDITIONERS = ("none", "adam")
+
+
+def check_adam_moments(optimizer: torch.optim.Optimizer) -> None:
+    """`noise_preconditioner="adam"` reads `exp_avg_sq` with each group's `betas` and `eps`: refuse other optimizers."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    for index, group in enumerate(inner.param_groups):
+        if not (isinstance(group.get("betas"), (tuple, list)) and len(group["betas"]) == 2 and "eps" in group):
+            raise ValueError(
+                f"noise_preconditioner='adam' measures the gradient noise in Adam's metric (its second moments), but "
+                f"param group {index} of {type(inner).__name__} has no betas/eps: use AdamW (the Trainer's default "
+                "optimizer) or set noise_preconditioner='none'."
+            )
+
+
+def adam_root_preconditioner(
+    optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter]
+) -> list[torch.Tensor] | None:
+    """√P = (√v̂ + ε)^(-1/2) for each of `params`, from an Adam-like optimizer's `exp_avg_sq` (bias-corrected with
+    its group's β₂ and the parameter's step); None while some parameter has no second moment yet (no step taken)."""
+    optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps it
+    settings = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+    roots = []
+    for p in params:
+        state = optimizer.state.get(p, {})
+        group = settings.get(id(p))
+        if group is None or "exp_avg_sq" not in state or "step" not in state:
+            return None
+        step = float(state["step"])
+        if step < 1:
+            return None
+        beta2, eps = group["betas"][1], group["eps"]
+        v_hat = state["exp_avg_sq"].detach().float() / (1 - beta2**step)
+        roots.append(v_hat.sqrt().add_(eps).rsqrt_())
+    return roots
 
 
 def _sq_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -57,6 +101,8 @@ class GradientStatisticsCollector:
     def __init__(self, parameters: Iterable[torch.nn.Parameter], *, inner_products: bool = False):
         self.params = [p for p in parameters if p.requires_grad]
         self.inner_products = inner_products
+        # √P per parameter during a preconditioned statistics step (None: the Euclidean metric).
+        self._root: list[torch.Tensor] | None = None
         self._handles: list = []
         self._parts: list[list[torch.Tensor]] = []
         self._weights: list[float] = []
@@ -68,10 +114,14 @@ class GradientStatisticsCollector:
         self.active = False
 
     # ---- one step split into chunks ----
-    def start(self, chunk_weights: Sequence[float]) -> None:
-        """Begin a statistics step whose chunks carry these shares of the loss normaliser (they sum to 1)."""
+    def start(self, chunk_weights: Sequence[float], root_preconditioner: list[torch.Tensor] | None = None) -> None:
+        """Begin a statistics step whose chunks carry these shares of the loss normaliser (they sum to 1).
+
+        `root_preconditioner`: √P for each parameter (see [`adam_root_preconditioner`]) to measure in P's metric.
+        """
         if len(chunk_weights) < 2:
             raise ValueError("a statistics step needs at least two chunks")
+        self._root = root_preconditioner
         self._weights = [float(w) for w in chunk_weights]
         self._parts = [[] for _ in chunk_weights]
         self._current = 0
@@ -79,7 +129,7 @@ class GradientStatisticsCollector:
         # Two halves of chunks when inner products are needed and there are more than two chunks.
         self._boundary = (len(chunk_weights) + 1) // 2 if self.inner_products and len(chunk_weights) > 2 else None
         if self._boundary is None:
-            self._handles = [p.register_hook(self._hook) for p in self.params]
+            self._handles = [p.register_hook(functools.partial(self._hook, i)) for i, p in enumerate(self.params)]
         self.active = True
 
     def begin_chunk(self, index: int) -> None:
@@ -91,8 +141,17 @@ class GradientStatisticsCollector:
             for p in self.params:
                 p.grad = None
 
-    def _hook(self, grad: torch.Tensor) -> None:
-        self._parts[self._current].append(torch.linalg.vector_norm(grad.detach(), dtype=torch.float32))
+    def _hook(self, index: int, grad: torch.Tensor) -> None:
+        grad = grad.detach()
+        if self._root is not None:
+            grad = grad.float() * self._root[index]
+        self._parts[self._current].append(torch.linalg.vector_norm(grad, dtype=torch.float32))
+
+    def _metric(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        """`grads` (one per parameter, None allowed) in P's metric (×√P), the Nones left out."""
+        if self._root is None:
+            return [g for g in grads if g is not None]
+        return [g.float() * r for g, r in zip(grads, self._root) if g is not None]
 
     def _remove_hooks(self) -> None:
         for handle in self._handles:
@@ -111,7 +170,7 @@ class GradientStatisticsCollector:
         scale_sq = float(loss_scale) ** 2
         if self._set_aside is not None:
             return self._finish_halves(samples, scale_sq)
-        grads = [p.grad for p in self.params if p.grad is not None]
+        grads = self._metric([p.grad for p in self.params])
         total_sq = float(_sq_norm(grads))
         chunk_sq = [float(torch.stack(parts).double().pow(2).sum()) if parts else 0.0 for parts in self._parts]
         if not all(math.isfinite(v) for v in [total_sq, *chunk_sq]):
@@ -129,9 +188,10 @@ class GradientStatisticsCollector:
         first = self._set_aside
         self._set_aside = None
         second = [p.grad for p in self.params]
-        pairs = [(a, b) for a, b in zip(first, second) if a is not None and b is not None]
-        sq_first = float(_sq_norm([a for a in first if a is not None]))
-        sq_second = float(_sq_norm([b for b in second if b is not None]))
+        both = [(a, b) if a is not None and b is not None else (None, None) for a, b in zip(first, second)]
+        pairs = list(zip(self._metric([a for a, _ in both]), self._metric([b for _, b in both])))
+        sq_first = float(_sq_norm(self._metric(first)))
+        sq_second = float(_sq_norm(self._metric(second)))
         cross = float(_dot([a for a, _ in pairs], [b for _, b in pairs])) if pairs else 0.0
         # Put the whole step's gradient back in `.grad` before anything else reads it.
         for p, a in zip(self.params, first):
@@ -183,13 +243,20 @@ class GradientStatisticsCollector:
         self._previous = None
         self._previous_grads = []
 
-    def finish_with_previous(self, *, loss_scale: float = 1.0) -> GradientStatistics | None:
-        """Statistics from two one-sample groups: the remembered step and the current one."""
+    def finish_with_previous(
+        self, *, loss_scale: float = 1.0, root_preconditioner: list[torch.Tensor] | None = None
+    ) -> GradientStatistics | None:
+        """Statistics from two one-sample groups: the remembered step and the current one (both measured in the
+        metric of `root_preconditioner`, √P per parameter, when given)."""
         previous, owners = self._previous, self._previous_grads
         self.forget()
         if previous is None or any(p.grad is None for p in owners):
             return None
         current = [p.grad.detach().float() / float(loss_scale) for p in owners]
+        if root_preconditioner is not None:
+            root = {id(p): r for p, r in zip(self.params, root_preconditioner)}
+            previous = [g * root[id(p)] for g, p in zip(previous, owners)]
+            current = [g * root[id(p)] for g, p in zip(current, owners)]
         q1, q2 = float(_sq_norm(previous)), float(_sq_norm(current))
         cross = float(_dot(previous, current))
         if not all(math.isfinite(v) for v in (q1, q2, cross)):

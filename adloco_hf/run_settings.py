@@ -39,8 +39,8 @@ RUN_SETTINGS_VERSION = 1
 # What the run computes depends on each of these: with another value a resume would not continue the same run.
 TRAJECTORY_FIELDS = (
     "inner_steps", "num_instances", "merge_every", "merge_policy", "instance_init", "batch_size_test", "eta", "theta",
-    "nu", "max_batch_size", "batch_size_cap", "batch_size_smoothing", "nonpositive_signal", "batch_size_shrink",
-    "shrink_hysteresis", "batch_size_floor", "batch_size_target", "noise_scale_multiple", "merge_batch_rule",
+    "nu", "max_batch_size", "batch_size_cap", "batch_size_smoothing", "noise_preconditioner", "nonpositive_signal",
+    "batch_size_shrink", "shrink_hysteresis", "batch_size_floor", "batch_size_target", "noise_scale_multiple", "merge_batch_rule",
     "switch_threshold", "pseudo_grad_dtype", "pseudo_grad_compression", "merge_transport",
     "compression_block_size", "outer_overlap", "outer_overlap_local_weight", "outer_lr", "outer_momentum",
     "outer_nesterov", "lr_batch_scaling", "per_device_train_batch_size", "seed", "data_seed", "world_size",

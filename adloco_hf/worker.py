@@ -35,7 +35,7 @@ from .distributed import (
     get_rank,
     get_world_size,
 )
-from .grad_stats import GradientStatisticsCollector
+from .grad_stats import GradientStatisticsCollector, adam_root_preconditioner, check_adam_moments
 from .health import SkippedRoundsError, final_merge_warnings
 from .initialise import initialise_weights, resolve_max_batch_size
 from .instances import Instance, MergePlan, initial_instances, instance_of
@@ -141,6 +141,8 @@ class Worker:
         )
         if self.args.lr_batch_scaling != "none":
             check_scheduler(lr_scheduler)
+        if self.args.noise_preconditioner == "adam":
+            check_adam_moments(optimizer)
         if self.args.lr_batch_scaling in ADAM_RULES:
             check_adam_optimizer(optimizer)
             self._base_adam = adam_hyperparameters(optimizer)
@@ -235,7 +237,13 @@ class Worker:
 
     def start_statistics(self, chunk_weights: list[float]) -> None:
         """The step's chunks are about to run as statistics groups with these weights (summing to 1)."""
-        self.collector.start(chunk_weights)
+        self.collector.start(chunk_weights, self._root_preconditioner())
+
+    def _root_preconditioner(self) -> list[torch.Tensor] | None:
+        """√P of `noise_preconditioner="adam"` now (None: the Euclidean metric, or no second moments yet)."""
+        if self.args.noise_preconditioner != "adam":
+            return None
+        return adam_root_preconditioner(self._optimizer, self.collector.params)
 
     def begin_chunk(self, index: int) -> None:
         self.collector.begin_chunk(index)
@@ -244,10 +252,13 @@ class Worker:
         """Close a step: its statistics (if it measured any), and its loss, samples and tokens for the round."""
         if plan.statistics is not Statistics.NONE or plan.remember_gradient:
             scale = self._loss_scale()
+            root = self._root_preconditioner() if plan.statistics is not Statistics.NONE else None
             if plan.statistics is Statistics.SPLIT and self.collector.active:
                 self._tally.stats = self.collector.finish(samples=samples, loss_scale=scale)
             elif plan.statistics is Statistics.PREVIOUS:
-                self._tally.stats = self.collector.finish_with_previous(loss_scale=scale)
+                self._tally.stats = self.collector.finish_with_previous(loss_scale=scale, root_preconditioner=root)
+            if plan.statistics is not Statistics.NONE and self.args.noise_preconditioner == "adam" and root is None:
+                self._tally.stats = None  # before Adam's first step there is no metric to measure in
             if plan.remember_gradient:
                 self.collector.remember(loss_scale=scale)
         self._tally.add_step(loss, samples, tokens)

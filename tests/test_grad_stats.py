@@ -111,3 +111,111 @@ def test_previous_step_as_second_group_for_one_sample_batches():
     for a, b in zip(stats.as_list(), expected.as_list()):
         assert a == pytest.approx(b, rel=1e-4)
     assert not collector.has_previous  # the copy is released after use
+
+
+# ---- noise_preconditioner="adam": the statistics in Adam's metric P = 1 / (√v̂ + ε) ----
+def test_adam_root_preconditioner_reads_the_bias_corrected_second_moments():
+    from adloco_hf.grad_stats import adam_root_preconditioner
+
+    model, x, y = make_problem(seed=4)
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95), eps=1e-6)
+    assert adam_root_preconditioner(optimizer, params) is None  # no step yet: no metric
+    for _ in range(3):
+        optimizer.zero_grad()
+        chunk_loss(model, x, y).backward()
+        optimizer.step()
+    roots = adam_root_preconditioner(optimizer, params)
+    for p, root in zip(params, roots):
+        v_hat = optimizer.state[p]["exp_avg_sq"] / (1 - 0.95**3)
+        assert torch.allclose(root, 1 / (v_hat.sqrt() + 1e-6).sqrt(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("sizes", [[6, 6], [4, 3, 5]])
+def test_preconditioned_statistics_are_the_norms_in_p_metric(sizes):
+    model, x, y = make_problem(seed=5)
+    generator = torch.Generator().manual_seed(0)
+    roots = [torch.rand(p.shape, generator=generator) + 0.1 for p in model.parameters()]
+    root = torch.cat([r.reshape(-1) for r in roots]).double()
+    means, g = brute_force(model, x, y, sizes)
+    expected = group_statistics([sq(m * root) for m in means], sizes, sq(g * root))
+    collector = GradientStatisticsCollector(model.parameters())
+    weights = [s / sum(sizes) for s in sizes]
+    model.zero_grad()
+    collector.start(weights, roots)
+    for j, (xs, ys) in enumerate(zip(torch.split(x, sizes), torch.split(y, sizes))):
+        collector.begin_chunk(j)
+        (weights[j] * chunk_loss(model, xs, ys)).backward()
+    stats = collector.finish(samples=sum(sizes))
+    assert stats.variance_sum == pytest.approx(expected.variance_sum, rel=1e-4)
+    assert stats.grad_sq_norm == pytest.approx(expected.grad_sq_norm, rel=1e-5)
+    euclidean, _ = run_collector(model, x, y, sizes, inner_products=False)
+    assert stats.grad_sq_norm != pytest.approx(euclidean.grad_sq_norm, rel=1e-2)  # the metric changed them
+    assert torch.allclose(flat_grad(model), g, atol=1e-6)  # the gradient itself is untouched
+
+
+def test_preconditioned_inner_products_and_previous_step():
+    model, x, y = make_problem(seed=6)
+    roots = [torch.full(p.shape, 3.0) for p in model.parameters()]  # P = 9: every quantity × 9
+    plain, _ = run_collector(model, x, y, [3, 3, 3, 3], inner_products=True)
+    collector = GradientStatisticsCollector(model.parameters(), inner_products=True)
+    model.zero_grad()
+    collector.start([0.25] * 4, roots)
+    for j, (xs, ys) in enumerate(zip(torch.split(x, 3), torch.split(y, 3))):
+        collector.begin_chunk(j)
+        (0.25 * chunk_loss(model, xs, ys)).backward()
+    scaled = collector.finish(samples=12)
+    # Squared norms scale with P (× 9); the inner-product variance is a sum of squared inner products (× 81).
+    factors = {"variance_sum": 9, "inner_product_sum": 81, "orthogonal_sum": 9, "grad_sq_norm": 9}
+    for name, factor in factors.items():
+        assert getattr(scaled, name) == pytest.approx(factor * getattr(plain, name), rel=1e-4), name
+    # One-sample batches: the remembered and the current gradient are both measured in P's metric.
+    previous = {}
+    for name, root in (("plain", None), ("scaled", roots)):
+        model.zero_grad()
+        chunk_loss(model, x[:1], y[:1]).backward()
+        assert collector.remember()
+        model.zero_grad()
+        chunk_loss(model, x[1:2], y[1:2]).backward()
+        previous[name] = collector.finish_with_previous(root_preconditioner=root)
+    for name, factor in factors.items():
+        assert getattr(previous["scaled"], name) == pytest.approx(factor * getattr(previous["plain"], name), rel=1e-4)
+
+
+def _rounds(tmp):
+    import json
+    import os
+
+    return [json.loads(line) for line in open(os.path.join(tmp, "adloco_rounds.jsonl"))]
+
+
+def test_a_trainer_measures_in_adams_metric_and_refuses_an_optimizer_without_one(tmp_path):
+    from helpers import sequence_dataset, tiny_model
+
+    from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+
+    def config(name, **kwargs):
+        return AdLoCoConfig(
+            output_dir=str(tmp_path / name), max_steps=30, inner_steps=10, per_device_train_batch_size=4,
+            max_batch_size=8, learning_rate=3e-3, use_cpu=True, report_to=[], save_strategy="no", **kwargs,
+        )  # fmt: skip
+
+    seen = {}
+    for name in ("none", "adam"):
+        trainer = AdLoCoTrainer(
+            model=tiny_model(), args=config(name, noise_preconditioner=name), train_dataset=sequence_dataset(512)
+        )
+        trainer.train()
+        seen[name] = _rounds(str(tmp_path / name))
+    assert len(seen["adam"]) == len(seen["none"]) == 3
+    # Every round measured (its statistics step comes after Adam's first step), in another metric than Euclid's.
+    assert all(r["grad_variance"] is not None and r["stats_dof"] > 0 for r in seen["adam"])
+    for euclid, adam in zip(seen["none"], seen["adam"]):
+        assert adam["grad_variance"] != pytest.approx(euclid["grad_variance"], rel=0.05)
+    trainer = AdLoCoTrainer(
+        model=tiny_model(), args=config("sgd", noise_preconditioner="adam", optim="sgd"),
+        train_dataset=sequence_dataset(64),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="noise_preconditioner='adam'.*SGD.*noise_preconditioner='none'"):
+        trainer.train()
+    assert trainer.state.global_step == 0

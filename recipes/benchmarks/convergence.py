@@ -19,6 +19,7 @@ training tokens reach the budget. Each method is one `accelerate launch` of the 
 | `diloco_overlap` | `diloco` with `outer_overlap=True`: the round's all-reduce runs during the next round's inner steps |
 | `diloco_overlap_int4` | `diloco` with both `outer_overlap=True` and `pseudo_grad_compression="int4"` |
 | `adloco_int8`, `adloco_int4`, `adloco_overlap` | `adloco` with the same single change |
+| `adloco_adam_noise` | `adloco` with `noise_preconditioner="adam"`: the norm test reads the statistics in Adam's metric |
 
 Without `--methods` the first nine run; the compression and overlap variants run only when named. Each variant is
 also compared with the method it changes (`variant_of`: `ppl_vs_adloco`, `bytes_vs_adloco`, ... and one report line).
@@ -150,6 +151,12 @@ METHODS: dict[str, dict] = {
             "merge_batch_rule": "preserve_total",
         },
         "variant_of": "adloco_paper",
+    },
+    # The statistics in Adam's metric (tr P Σ / gᵀ P g, P = 1 / (√v̂ + ε)) with the default controller.
+    "adloco_adam_noise": {
+        "kind": "adloco",
+        "adloco": {**ADLOCO, "noise_preconditioner": "adam"},
+        "variant_of": "adloco",
     },
     # Malladi et al.'s whole square-root rule for Adam (lr, 1 − β₁, 1 − β₂, ε; lr · weight decay kept).
     "adloco_sqrt_adam": {
