@@ -117,3 +117,16 @@ def cached_runs(fn, tmp_path_factory, name: str):
         return cache[world_size]
 
     return get
+
+
+def flat(params) -> torch.Tensor:
+    """The parameters as one float32 vector (a copy)."""
+    return torch.cat([p.detach().float().reshape(-1) for p in params]).clone()
+
+
+@torch.no_grad()
+def drift(params, rank: int, round_: int, scale: float = 0.1) -> None:
+    """A local update that differs per worker and per round (what the inner steps do), the same on every run."""
+    generator = torch.Generator().manual_seed(1000 * rank + round_)
+    for p in params:
+        p.add_(torch.randn(p.shape, generator=generator) * scale)

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from distributed_helpers import cached_runs
+from distributed_helpers import cached_runs, drift, flat
 
 from adloco_hf import outer_reduce
 from adloco_hf.distributed import ProcessGroupCache
@@ -30,18 +30,6 @@ def _model(seed: int = 0) -> torch.nn.Module:
 NUMEL = sum(p.numel() for p in _model().parameters())
 
 
-def _flat(params) -> torch.Tensor:
-    return torch.cat([p.detach().float().reshape(-1) for p in params]).clone()
-
-
-@torch.no_grad()
-def _drift(params, rank: int, round_: int, scale: float = 0.1) -> None:
-    """A local update that differs per worker and per round (what the inner steps do)."""
-    generator = torch.Generator().manual_seed(1000 * rank + round_)
-    for p in params:
-        p.add_(torch.randn(p.shape, generator=generator) * scale)
-
-
 def _momentum(gm: GlobalModel):
     return None if gm.momentum is None else gm.momentum.clone()
 
@@ -52,7 +40,7 @@ def _step(gm: GlobalModel, group, num_workers: int, dtype=torch.float32) -> dict
     return {
         "phi_before": phi_before,
         "phi": gm.phi.detach().clone(),
-        "theta": _flat(gm.params),
+        "theta": flat(gm.params),
         "momentum": _momentum(gm),
         "norm": result.pseudo_grad_norm,
         "payload": result.payload_bytes,
@@ -67,10 +55,10 @@ def _rounds(rank, group, num_workers, *, dtype, lr, momentum, nesterov, corrupt=
     gm = GlobalModel(params, device=torch.device("cpu"), lr=lr, momentum=momentum, nesterov=nesterov)
     record = {"phi0": gm.phi.detach().clone(), "theta_before": [], "steps": []}
     for round_ in range(rounds):
-        _drift(params, rank, round_)
+        drift(params, rank, round_)
         if corrupt is not None:
             corrupt(rank, round_, params)
-        record["theta_before"].append(_flat(params))
+        record["theta_before"].append(flat(params))
         record["steps"].append(_step(gm, group, num_workers, dtype))
     return record
 
@@ -90,7 +78,7 @@ def _state_round_trip(rank: int, world_size: int) -> dict:
     params = list(_model().parameters())
     gm = GlobalModel(params, device=torch.device("cpu"), lr=LR, momentum=MOMENTUM, nesterov=True)
     for round_ in range(2):
-        _drift(params, rank, round_)
+        drift(params, rank, round_)
         gm.outer_step(group=world, num_workers=world_size, dtype=torch.float32)
     buffer = io.BytesIO()
     torch.save(gm.state_dict(), buffer)
@@ -102,7 +90,7 @@ def _state_round_trip(rank: int, world_size: int) -> dict:
     fresh.copy_to_params()
     out = {}
     for name, model, ps in (("original", gm, params), ("restored", fresh, fresh_params)):
-        _drift(ps, rank, 2)
+        drift(ps, rank, 2)
         out[name] = _step(model, world, world_size)
     return out
 
@@ -114,8 +102,8 @@ def _singleton_in_world(rank: int, world_size: int) -> dict:
     group = groups.get(members)
     params = list(_model().parameters())
     gm = GlobalModel(params, device=torch.device("cpu"), lr=1.0, momentum=0.0, nesterov=False)
-    _drift(params, rank, 0)
-    theta = _flat(params)
+    drift(params, rank, 0)
+    theta = flat(params)
     collectives = ("all_reduce", "broadcast", "send", "recv", "all_gather", "reduce_scatter")
     saved = {name: getattr(dist, name) for name in collectives}
     if rank == 2:
@@ -338,14 +326,14 @@ def test_phi_is_a_float32_flat_copy_with_views_in_parameter_order():
     params = list(model.parameters())
     gm = GlobalModel(params, device=torch.device("cpu"), lr=1.0, momentum=0.0, nesterov=False)
     assert gm.phi.dtype == torch.float32 and gm.phi.shape == (NUMEL,) and gm.numel == NUMEL
-    assert torch.equal(gm.phi.detach(), _flat(params))
+    assert torch.equal(gm.phi.detach(), flat(params))
     assert [v.shape for v in gm.views] == [p.shape for p in params]
     assert gm.momentum is None
     # θ ← φ casts back to the parameters' dtype.
     gm.load_flat(torch.linspace(-1, 1, NUMEL), None)
     gm.copy_to_params()
     assert all(p.dtype == torch.bfloat16 for p in params)
-    assert torch.equal(_flat(params), torch.linspace(-1, 1, NUMEL).to(torch.bfloat16).float())
+    assert torch.equal(flat(params), torch.linspace(-1, 1, NUMEL).to(torch.bfloat16).float())
 
 
 def test_nesterov_without_momentum_is_plain_sgd():
@@ -359,13 +347,13 @@ def test_one_worker_without_a_process_group_is_exact_and_sends_nothing(dtype):
     gm = GlobalModel(params, device=torch.device("cpu"), lr=1.0, momentum=0.0, nesterov=False)
     for round_ in range(ROUNDS):
         phi = gm.phi.detach().clone()
-        _drift(params, 0, round_)
-        theta = _flat(params)
+        drift(params, 0, round_)
+        theta = flat(params)
         result = gm.outer_step(group=None, num_workers=1, dtype=dtype)
         assert result.payload_bytes == 0 and not result.skipped
         assert torch.equal(gm.phi.detach(), phi - (phi - theta))  # float32 all the way, whatever `dtype`
         assert (gm.phi.detach() - theta).abs().max() <= 1e-6
-        assert torch.equal(_flat(params), gm.phi.detach())
+        assert torch.equal(flat(params), gm.phi.detach())
         assert result.pseudo_grad_norm == pytest.approx(torch.linalg.vector_norm(phi - theta).item(), rel=1e-6)
 
 
@@ -375,8 +363,8 @@ def test_one_worker_momentum_matches_sgd(nesterov):
     gm = GlobalModel(params, device=torch.device("cpu"), lr=LR, momentum=MOMENTUM, nesterov=nesterov)
     phi0, thetas = gm.phi.detach().clone(), []
     for round_ in range(ROUNDS):
-        _drift(params, 0, round_)
-        thetas.append([_flat(params)])
+        drift(params, 0, round_)
+        thetas.append([flat(params)])
         gm.outer_step(group=None, num_workers=1, dtype=torch.float32)
     phi, buf = _sgd_reference(phi0, thetas, lr=LR, momentum=MOMENTUM, nesterov=nesterov)[-1]
     assert (gm.phi.detach().double() - phi).abs().max() <= 1e-5
@@ -386,7 +374,7 @@ def test_one_worker_momentum_matches_sgd(nesterov):
 def test_one_worker_non_finite_step_is_skipped():
     params = list(_model().parameters())
     gm = GlobalModel(params, device=torch.device("cpu"), lr=LR, momentum=MOMENTUM, nesterov=False)
-    _drift(params, 0, 0)
+    drift(params, 0, 0)
     gm.outer_step(group=None, num_workers=1, dtype=torch.float32)
     phi, momentum = gm.phi.detach().clone(), gm.momentum.clone()
     with torch.no_grad():
@@ -394,13 +382,13 @@ def test_one_worker_non_finite_step_is_skipped():
     result = gm.outer_step(group=None, num_workers=1, dtype=torch.float32)
     assert result.skipped and math.isnan(result.pseudo_grad_norm)
     assert torch.equal(gm.phi.detach(), phi) and torch.equal(gm.momentum, momentum)
-    assert torch.equal(_flat(params), phi)
+    assert torch.equal(flat(params), phi)
 
 
 def test_state_dict_without_momentum_round_trips():
     params = list(_model().parameters())
     gm = GlobalModel(params, device=torch.device("cpu"), lr=1.0, momentum=0.0, nesterov=False)
-    _drift(params, 0, 0)
+    drift(params, 0, 0)
     gm.outer_step(group=None, num_workers=1, dtype=torch.float32)
     state = gm.state_dict()
     assert state["momentum"] is None
@@ -420,11 +408,11 @@ def test_load_state_dict_rejects_a_model_of_another_size():
 def test_state_dict_phi_is_a_snapshot():
     params = list(_model().parameters())
     gm = GlobalModel(params, device=torch.device("cpu"), lr=LR, momentum=MOMENTUM, nesterov=False)
-    _drift(params, 0, 0)
+    drift(params, 0, 0)
     gm.outer_step(group=None, num_workers=1, dtype=torch.float32)
     state = gm.state_dict()
     phi = state["phi"].clone()
-    _drift(params, 0, 1)
+    drift(params, 0, 1)
     gm.outer_step(group=None, num_workers=1, dtype=torch.float32)
     assert torch.equal(state["phi"], phi)
 
@@ -432,10 +420,10 @@ def test_state_dict_phi_is_a_snapshot():
 def test_state_dict_momentum_is_a_snapshot():
     params = list(_model().parameters())
     gm = GlobalModel(params, device=torch.device("cpu"), lr=LR, momentum=MOMENTUM, nesterov=False)
-    _drift(params, 0, 0)
+    drift(params, 0, 0)
     gm.outer_step(group=None, num_workers=1, dtype=torch.float32)
     state = gm.state_dict()
     momentum = state["momentum"].clone()
-    _drift(params, 0, 1)
+    drift(params, 0, 1)
     gm.outer_step(group=None, num_workers=1, dtype=torch.float32)
     assert torch.equal(state["momentum"], momentum)

@@ -11,7 +11,7 @@ import io
 import pytest
 import torch
 import torch.distributed as dist
-from distributed_helpers import cached_runs
+from distributed_helpers import cached_runs, drift, flat
 
 from adloco_hf.compressed_ring import ring_error_bound
 from adloco_hf.compression import wire_bytes
@@ -30,17 +30,6 @@ def _model(seed: int = 0) -> torch.nn.Module:
 
 
 NUMEL = sum(p.numel() for p in _model().parameters())
-
-
-def _flat(params) -> torch.Tensor:
-    return torch.cat([p.detach().float().reshape(-1) for p in params]).clone()
-
-
-@torch.no_grad()
-def _drift(params, rank: int, round_: int, scale: float = 0.1) -> None:
-    generator = torch.Generator().manual_seed(1000 * rank + round_)
-    for p in params:
-        p.add_(torch.randn(p.shape, generator=generator) * scale)
 
 
 def _global_model(
@@ -78,16 +67,16 @@ def _run(
     )
     record = {"phi0": gm.phi.detach().clone(), "theta_before": [], "theta_after": [], "phi": [], "results": []}
     for round_ in range(rounds):
-        _drift(params, 0 if same_drift else rank, round_)
-        record["theta_before"].append(_flat(params))
+        drift(params, 0 if same_drift else rank, round_)
+        record["theta_before"].append(flat(params))
         result = gm.outer_step(group=group, num_workers=num_workers)
-        record["theta_after"].append(_flat(params))
+        record["theta_after"].append(flat(params))
         record["phi"].append(gm.phi.detach().clone())
         record["results"].append(result)
     residual = gm.reduce.error_feedback.residual if gm.reduce.error_feedback is not None else None
     record["residual"] = None if residual is None else residual.clone()
     gm.settle()
-    record["settled_theta"], record["settled_phi"] = _flat(params), gm.phi.detach().clone()
+    record["settled_theta"], record["settled_phi"] = flat(params), gm.phi.detach().clone()
     return record
 
 
@@ -97,7 +86,7 @@ def _round_trip(rank, group, num_workers, *, compression, overlap) -> dict:
     params = list(_model().parameters())
     gm = _global_model(params, compression=compression, overlap=overlap)
     for round_ in range(2):
-        _drift(params, rank, round_)
+        drift(params, rank, round_)
         gm.outer_step(group=group, num_workers=num_workers)
     buffer = io.BytesIO()
     torch.save(gm.state_dict(), buffer)
@@ -111,11 +100,11 @@ def _round_trip(rank, group, num_workers, *, compression, overlap) -> dict:
     for name, model, ps in (("original", gm, params), ("restored", fresh, fresh_params)):
         thetas = []
         for round_ in (2, 3):
-            _drift(ps, rank, round_)
+            drift(ps, rank, round_)
             model.outer_step(group=group, num_workers=num_workers)
-            thetas.append(_flat(ps))
+            thetas.append(flat(ps))
         model.settle()
-        out[name] = {"thetas": thetas, "phi": model.phi.detach().clone(), "final": _flat(ps)}
+        out[name] = {"thetas": thetas, "phi": model.phi.detach().clone(), "final": flat(ps)}
     return out
 
 
@@ -293,12 +282,12 @@ def test_a_checkpoint_with_a_residual_or_an_average_in_flight_resumes_exactly(ru
 def test_a_nonfinite_local_delta_is_not_applied_eagerly_and_skips_the_next_average():
     params = list(_model().parameters())
     gm = _global_model(params, overlap=True)
-    _drift(params, 0, 0)
+    drift(params, 0, 0)
     gm.outer_step(group=None, num_workers=1)
     with torch.no_grad():
         params[0][0, 0] = float("nan")
     spoiled = gm.outer_step(group=None, num_workers=1)
     assert not spoiled.local_finite and not spoiled.skipped  # the first round's average was finite
-    assert torch.isfinite(_flat(params)).all()  # θ = φ + o kept the NaN out
+    assert torch.isfinite(flat(params)).all()  # θ = φ + o kept the NaN out
     after = gm.outer_step(group=None, num_workers=1)
     assert after.skipped and torch.isfinite(gm.phi).all()

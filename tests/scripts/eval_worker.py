@@ -76,19 +76,19 @@ class MetricsProbe(TrainerCallback):
         self.checks.append({"instance": instance, "step": state.global_step, "logged": logged, "direct": direct})
 
 
-def main() -> None:
-    spec = json.loads(sys.argv[1])
+def evaluating_trainer(spec: dict, **config) -> AdLoCoTrainer:
+    """Two independent instances of 20 steps that evaluate every round on `spec["num_eval"]` samples, with metrics;
+    `config` adds AdLoCoConfig fields. Checks the world size against `spec["world_size"]`."""
     args = AdLoCoConfig(
         output_dir=spec["output_dir"], use_cpu=True, report_to=[], disable_tqdm=True, log_level="warning", seed=3,
         optim="adamw_torch", learning_rate=3e-3, max_steps=20, inner_steps=10, num_instances=2, merge_every=0,
         instance_init="independent", per_device_train_batch_size=2, max_batch_size=4, eval_strategy="steps",
-        eval_steps=10, per_device_eval_batch_size=4, save_strategy="no",
+        eval_steps=10, per_device_eval_batch_size=4, save_strategy="no", **config,
     )  # fmt: skip
     assert dist.is_initialized() and dist.get_world_size() == spec["world_size"], dist.get_world_size()
-    rank = dist.get_rank()
     data = sequence_dataset(256)
     eval_data = data.select(range(spec["num_eval"]))
-    trainer = AdLoCoTrainer(
+    return AdLoCoTrainer(
         model=tiny_model(),
         args=args,
         train_dataset=data,
@@ -96,6 +96,12 @@ def main() -> None:
         compute_metrics=make_compute_metrics(np.array(eval_data["labels"])),
         preprocess_logits_for_metrics=preprocess_logits_for_metrics,
     )
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    trainer = evaluating_trainer(spec)
+    rank = dist.get_rank()
     probe = MetricsProbe(trainer)
     trainer.add_callback(probe)
     trainer.train()

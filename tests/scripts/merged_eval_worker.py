@@ -12,17 +12,13 @@ import json
 import os
 import sys
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from eval_worker import make_compute_metrics, preprocess_logits_for_metrics  # noqa: E402
-from helpers import sequence_dataset, tiny_model  # noqa: E402
-
-from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
+from eval_worker import evaluating_trainer  # noqa: E402
 
 
 class Probe(TrainerCallback):
@@ -46,25 +42,9 @@ class Probe(TrainerCallback):
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
-    args = AdLoCoConfig(
-        output_dir=spec["output_dir"], use_cpu=True, report_to=[], disable_tqdm=True, log_level="warning", seed=3,
-        optim="adamw_torch", learning_rate=3e-3, max_steps=20, inner_steps=10, num_instances=2, merge_every=0,
-        instance_init="independent", per_device_train_batch_size=2, max_batch_size=4, eval_strategy="steps",
-        eval_steps=10, per_device_eval_batch_size=4, save_strategy="no", eval_merged_model=spec["eval_merged_model"],
-    )  # fmt: skip
-    assert dist.is_initialized() and dist.get_world_size() == spec["world_size"], dist.get_world_size()
+    trainer = evaluating_trainer(spec, eval_merged_model=spec["eval_merged_model"])
     rank = dist.get_rank()
     os.makedirs(spec["probe_dir"], exist_ok=True)
-    data = sequence_dataset(256)
-    eval_data = data.select(range(spec["num_eval"]))
-    trainer = AdLoCoTrainer(
-        model=tiny_model(),
-        args=args,
-        train_dataset=data,
-        eval_dataset=eval_data,
-        compute_metrics=make_compute_metrics(np.array(eval_data["labels"])),
-        preprocess_logits_for_metrics=preprocess_logits_for_metrics,
-    )
     probe = Probe(trainer, spec["probe_dir"])
     trainer.add_callback(probe)
     trainer.train()
