@@ -16,6 +16,13 @@ even if an earlier one failed; its outcome is a row of the table):
     make gpu-check                                     # from the repository root; exits 1 when a step failed
     python -m recipes.benchmarks.gpu_check --skip overhead
 
+On a CUDA image whose torch is not the pinned 2.13.0 (the built-in corpus is made of its source), export the corpus
+where the pins are installed and point the GPU machine at it; `make gpu-check` would reinstall torch, so call the
+module with the image's own Python there:
+
+    python -m adloco_hf.data.corpus_export .corpus                                # on a machine with the pins
+    ADLOCO_SOURCE_CORPUS=$PWD/.corpus python -m recipes.benchmarks.gpu_check     # on the GPU machine
+
 Outputs in `--output_dir` (default `outputs/benchmarks/gpu_check`): `results.json`, `table.md`, and each step's
 folder and log. Without a visible CUDA device it runs nothing and exits 2 with a message.
 """
