@@ -324,8 +324,9 @@ def save_rank_state(checkpoint_dir: str, rank: int, state: dict[str, Any]) -> st
     return path
 
 
-def check_rank_states(checkpoint_dir: str, world_size: int) -> None:
-    """Refuse, before anything is loaded, a checkpoint that was not written by AdLoCo with `world_size` workers."""
+def check_rank_states(checkpoint_dir: str, world_size: int) -> int:
+    """Refuse, before anything is loaded, a checkpoint that was not written by AdLoCo or lacks a worker's state;
+    return how many workers wrote it (another number than `world_size` is an elastic resume, `elastic.py`)."""
     state_dir = os.path.join(checkpoint_dir, RANK_STATE_DIR)
     if not os.path.isdir(state_dir):
         raise ValueError(
@@ -340,11 +341,7 @@ def check_rank_states(checkpoint_dir: str, world_size: int) -> None:
             f"{checkpoint_dir} was written by {written} workers but {', '.join(missing)} is missing: every worker's "
             "state is needed, this checkpoint cannot be resumed; resume from an earlier one"
         )
-    if written != world_size:
-        raise ValueError(
-            f"{checkpoint_dir} was written by {written} workers but this run has {world_size}; resume with "
-            f"{written} processes (per-worker optimizer, data and instance state cannot be split or joined)"
-        )
+    return written
 
 
 def _written_world_size(state_dir: str, saved: list[str]) -> int:

@@ -33,6 +33,7 @@ __all__ = [
     "plan_collectives",
     "plan_merge",
     "plan_transfers",
+    "reassign_workers",
     "redistribute",
     "seat_counts",
 ]
@@ -175,22 +176,44 @@ def seat_counts(demands: dict[int, float], num_workers: int) -> dict[int, int]:
 
 
 def redistribute(
-    instances: list[Instance], num_workers: int, keep_order: dict[int, list[int]] | None = None
+    instances: list[Instance],
+    num_workers: int,
+    keep_order: dict[int, list[int]] | None = None,
+    unassigned: tuple[int, ...] | list[int] = (),
 ) -> list[Instance]:
     """Reassign all workers in proportion to demand, moving as few as possible.
 
     Each instance keeps its current workers up to its new seat count, in `keep_order` (default: ascending rank);
-    the released workers, in ascending order, fill the instances that need more, in id order. Demands and requests
-    are unchanged.
+    the released workers and the `unassigned` ones (in no instance yet), in ascending order, fill the instances
+    that need more, in id order. Demands and requests are unchanged.
     """
     seats = seat_counts({inst.id: inst.demand for inst in instances}, num_workers)
     order = {inst.id: list((keep_order or {}).get(inst.id, inst.workers)) for inst in instances}
     kept = {i: workers[: seats[i]] for i, workers in order.items()}
-    released = sorted(w for i, workers in order.items() for w in workers[seats[i] :])
+    released = sorted([w for i, workers in order.items() for w in workers[seats[i] :]] + list(unassigned))
     for inst in sorted(instances, key=lambda x: x.id):
         while len(kept[inst.id]) < seats[inst.id]:
             kept[inst.id].append(released.pop(0))
     return [replace(inst, workers=tuple(sorted(kept[inst.id]))) for inst in instances]
+
+
+def reassign_workers(instances: list[Instance], num_workers: int) -> list[Instance]:
+    """The instance table for another number of workers (an elastic resume, `elastic.py`).
+
+    Ranks from `num_workers` on leave their instance; every instance keeps its remaining workers (ascending) up to
+    its seat count for the new number of workers (`seat_counts`, by demand) and the ranks left over or new fill
+    the instances short of seats, as `redistribute` does after a merge. An instance left with no worker gets one.
+    Demands and requests are unchanged.
+    """
+    if len(instances) > num_workers:
+        raise ValueError(
+            f"{len(instances)} instances cannot share {num_workers} workers: every instance needs a worker; resume "
+            f"with at least {len(instances)} workers, or let merges leave at most {num_workers} instances first"
+        )
+    keep = {inst.id: [w for w in inst.workers if w < num_workers] for inst in instances}
+    seated = {w for workers in keep.values() for w in workers}
+    unassigned = [rank for rank in range(num_workers) if rank not in seated]
+    return redistribute(instances, num_workers, keep, unassigned)
 
 
 @dataclass(frozen=True)

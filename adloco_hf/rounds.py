@@ -139,9 +139,11 @@ class RoundRules:
         )
 
     @classmethod
-    def from_args(cls, args, *, max_batch_size: int, shard_size: int) -> "RoundRules":
-        """From an `AdLoCoConfig`; a request is capped by `batch_size_cap` and by a worker's data shard."""
-        cap = shard_size if args.batch_size_cap is None else min(args.batch_size_cap, shard_size)
+    def from_args(cls, args, *, max_batch_size: int, shard_size: int | None) -> "RoundRules":
+        """From an `AdLoCoConfig`; a request is capped by `batch_size_cap` and by a worker's data shard (None for a
+        stream, which has no shard to exhaust: then only `batch_size_cap` caps it, or nothing)."""
+        caps = [cap for cap in (args.batch_size_cap, shard_size) if cap is not None]
+        cap = min(caps) if caps else None
         return cls(
             batch_size_test=args.batch_size_test,
             eta=args.eta,

@@ -1,4 +1,5 @@
-"""The run's JSON-lines files, written and read: `adloco_rounds.jsonl` and `adloco_eval.jsonl` (DESIGN §4).
+"""The run's JSON-lines files, written and read: `adloco_rounds.jsonl` and `adloco_eval.jsonl` (DESIGN §4), and
+`adloco_resumes.jsonl` (one line per elastic resume: a resume with another number of workers, `elastic.py`).
 
 Global rank 0 writes both into the run's `output_dir`: one line per instance per round to `adloco_rounds.jsonl`
 (the keys of `ROUND_KEYS` and a few more) and one line per evaluation to `adloco_eval.jsonl`, whose `instance` is
@@ -24,6 +25,7 @@ from .checkpoint import atomic_write_text
 __all__ = [
     "EVAL_FILE",
     "MERGED",
+    "RESUMES_FILE",
     "ROUNDS_FILE",
     "ROUND_KEYS",
     "RunLog",
@@ -35,6 +37,7 @@ __all__ = [
 
 ROUNDS_FILE = "adloco_rounds.jsonl"
 EVAL_FILE = "adloco_eval.jsonl"
+RESUMES_FILE = "adloco_resumes.jsonl"
 MERGED = "merged"  # the `instance` of a merged model's evaluation lines (`final`: false while training)
 # The keys of DESIGN §4 (contract); lines carry a few more (tokens, total_tokens, elapsed_seconds, skipped, ...).
 ROUND_KEYS = (
@@ -123,6 +126,10 @@ class RunLog:
 
     def write_eval(self, lines: list[dict[str, Any]]) -> None:
         self._append(self.eval_path, lines)
+
+    def record_resume(self, line: dict[str, Any]) -> None:
+        """Append an elastic resume to `adloco_resumes.jsonl` (kept across resumes: the run's history)."""
+        self._append(os.path.join(self.output_dir, RESUMES_FILE), [line])
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -5,7 +5,8 @@ world size, the largest micro-batch as resolved, the inner optimizer's settings 
 checkpoint (`RESTORED_FIELDS`), and the model's configuration (`config.to_dict()` without `VOLATILE_CONFIG_KEYS`).
 A resume that changes a trajectory field or the model's configuration is refused before training with a
 `ValueError` naming the field, the checkpoint's value and this run's. A changed restored field is accepted with a
-warning: the checkpoint's value goes on. Every other setting may change (README, "Resuming and failures").
+warning: the checkpoint's value goes on. Another world size (`ELASTIC_FIELDS`) is an elastic resume (`elastic.py`),
+logged. Every other setting may change (README, "Resuming and failures").
 """
 
 import json
@@ -18,6 +19,7 @@ from .console import get_logger
 
 
 __all__ = [
+    "ELASTIC_FIELDS",
     "RESTORED_FIELDS",
     "RUN_SETTINGS_NAME",
     "TRAJECTORY_FIELDS",
@@ -25,6 +27,7 @@ __all__ = [
     "Change",
     "check_run_settings",
     "compare_run_settings",
+    "elastic_changes",
     "load_run_settings",
     "model_settings",
     "run_settings",
@@ -43,8 +46,10 @@ TRAJECTORY_FIELDS = (
     "batch_size_shrink", "shrink_hysteresis", "batch_size_floor", "batch_size_target", "noise_scale_multiple", "merge_batch_rule",
     "switch_threshold", "pseudo_grad_dtype", "pseudo_grad_compression", "merge_transport",
     "compression_block_size", "outer_overlap", "outer_overlap_local_weight", "outer_lr", "outer_momentum",
-    "outer_nesterov", "lr_batch_scaling", "per_device_train_batch_size", "seed", "data_seed", "world_size",
+    "outer_nesterov", "lr_batch_scaling", "per_device_train_batch_size", "seed", "data_seed",
 )  # fmt: skip
+# Recorded and compared, but a change is an elastic resume (logged): each instance keeps its state (`elastic.py`).
+ELASTIC_FIELDS = ("world_size",)
 # A resume loads the inner optimizer's param groups (optimizer.pt) and the schedule's base rates (scheduler.pt, and
 # the workers' own): a new value of these is not applied, the checkpoint's goes on.
 RESTORED_FIELDS = ("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
@@ -77,8 +82,7 @@ def run_settings(args, model, *, max_batch_size: int | None = None) -> dict:
     `max_batch_size` is the resolved largest micro-batch (the worker's); without it an integer `args.max_batch_size`
     is used, and `"auto"` is left out (on resume the checkpoint's resolved value is kept, whatever it is).
     """
-    settings = {name: getattr(args, name) for name in TRAJECTORY_FIELDS + RESTORED_FIELDS if name != "world_size"}
-    settings["world_size"] = args.world_size
+    settings = {name: getattr(args, name) for name in TRAJECTORY_FIELDS + RESTORED_FIELDS + ELASTIC_FIELDS}
     if max_batch_size is None:
         max_batch_size = args.max_batch_size if isinstance(args.max_batch_size, int) else None
     if max_batch_size is None:
@@ -140,6 +144,16 @@ def compare_run_settings(saved: dict, current: dict) -> tuple[list[Change], list
     return refused, restored
 
 
+def elastic_changes(saved: dict, current: dict) -> list[Change]:
+    """The `ELASTIC_FIELDS` that differ from a checkpoint's record to this run's (an elastic resume)."""
+    old, new = saved.get("settings", {}), current.get("settings", {})
+    return [
+        Change(name, old[name], new[name])
+        for name in ELASTIC_FIELDS
+        if name in old and name in new and old[name] != new[name]
+    ]
+
+
 def check_run_settings(checkpoint_dir: str, current: dict) -> None:
     """Refuse, before training, a resume from `checkpoint_dir` that changes what defines the run; warn about
     restored settings that will keep the checkpoint's value, and about a checkpoint without a record."""
@@ -157,6 +171,11 @@ def check_run_settings(checkpoint_dir: str, current: dict) -> None:
             + "; ".join(change.describe() for change in refused)
             + ". Resume with the checkpoint's values, or start a new run from its weights (from_pretrained). The "
             "settings that may change on resume are listed in the README (Resuming and failures)."
+        )
+    for change in elastic_changes(saved, current):
+        logger.warning(
+            f"{change.describe()}: an elastic resume, every instance keeps its weights, momentum and request (README, "
+            "Resuming and failures)"
         )
     for change in restored:
         logger.warning(

@@ -1,10 +1,12 @@
 """An infinite batch sampler whose batch size can change between steps, one disjoint shard per worker."""
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+from .reshard import bridge, check_world_size
 
 
 __all__ = ["AdaptiveBatchSampler", "adaptive_train_loader"]
@@ -18,6 +20,10 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
     truncated so that all shards have equal length: shards are disjoint within a pass and every worker sees different
     data in every pass. A batch that reaches the end of a shard continues in the next pass, so no sample is dropped
     and no batch is short. The position is part of `state_dict()`, so a resumed run draws the same batches.
+
+    A run resumed with another number of workers re-splits what the old workers had not drawn of the passes they
+    had started (`reshard_sampler_states`, see `reshard.py`): each new worker first draws its part of that *bridge*,
+    then regular passes with the new layout. Within every pass no sample is lost or drawn twice.
 
     Use it as the `batch_sampler` of a plain `DataLoader` with `num_workers=0`: worker processes would prefetch
     batches drawn with the old batch size.
@@ -59,6 +65,10 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
         self.position = 0
         self._shard: list[int] | None = None
         self._shard_epoch = -1
+        # An elastic resume's bridge, drawn before the regular passes (which then start at `epoch`): each part is
+        # (pass, indices); `_bridge_pos` counts what was drawn of all parts.
+        self._bridge: list[tuple[int, list[int]]] = []
+        self._bridge_pos = 0
 
     @property
     def batch_size(self) -> int:
@@ -72,24 +82,44 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
 
     def _current_shard(self) -> list[int]:
         if self._shard_epoch != self.epoch:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            permutation = torch.randperm(self.num_samples, generator=generator)
+            permutation = _permutation(self.seed, self.epoch, self.num_samples)
             shard = permutation[self.rank :: self.num_workers][: self.shard_size]
             self._shard, self._shard_epoch = shard.tolist(), self.epoch
         return self._shard
 
+    def _draw(self, count: int) -> tuple[int, list[int]]:
+        """At most `count` indices from the current pass, as (pass, indices), advancing the position."""
+        offset = self._bridge_pos
+        for epoch, items in self._bridge:
+            if offset < len(items):
+                taken = items[offset : offset + count]
+                self._bridge_pos += len(taken)
+                if self._bridge_pos == sum(len(part) for _, part in self._bridge):
+                    self._bridge, self._bridge_pos = [], 0
+                return epoch, taken
+            offset -= len(items)
+        epoch, shard = self.epoch, self._current_shard()
+        take = min(count, self.shard_size - self.position)
+        taken = shard[self.position : self.position + take]
+        self.position += take
+        if self.position == self.shard_size:
+            self.epoch += 1
+            self.position = 0
+        return epoch, taken
+
     def next_batch(self) -> list[int]:
         """Draw the next batch of `batch_size` indices and advance the position."""
-        batch: list[int] = []
-        while len(batch) < self.batch_size:
-            shard = self._current_shard()
-            take = min(self.batch_size - len(batch), self.shard_size - self.position)
-            batch.extend(shard[self.position : self.position + take])
-            self.position += take
-            if self.position == self.shard_size:
-                self.epoch += 1
-                self.position = 0
-        return batch
+        return [index for _, indices in self.next_batch_by_pass() for index in indices]
+
+    def next_batch_by_pass(self) -> list[tuple[int, list[int]]]:
+        """`next_batch` as (pass, indices) parts, in order: a batch that crosses a pass's end has several."""
+        parts: list[tuple[int, list[int]]] = []
+        drawn = 0
+        while drawn < self.batch_size:
+            epoch, indices = self._draw(self.batch_size - drawn)
+            parts.append((epoch, indices))
+            drawn += len(indices)
+        return parts
 
     def __iter__(self) -> Iterator[list[int]]:
         while True:
@@ -104,6 +134,7 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
             "num_samples": self.num_samples,
             "num_workers": self.num_workers,
             "rank": self.rank,
+            **_bridge_state(self._bridge, self._bridge_pos),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -116,6 +147,100 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self.batch_size = int(state["batch_size"])
+        self._bridge, self._bridge_pos = _bridge_of(state), int(state.get("bridge_pos") or 0)
+
+    @classmethod
+    def reshard_sampler_states(cls, states: Sequence[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
+        """The states of `world_size` new workers continuing the old workers' `states` (one per old rank, in rank
+        order): each holds its part of the bridge (module `reshard.py`), then regular passes from the first pass no
+        old worker had started, with the new layout. Loadable with `load_state_dict` by the new ranks."""
+        if not states:
+            raise ValueError("reshard_sampler_states needs the state of every old worker, got none")
+        first = states[0]
+        for rank, state in enumerate(states):
+            for key, expected in (("seed", first["seed"]), ("num_samples", first["num_samples"]),
+                                  ("num_workers", len(states)), ("rank", rank)):  # fmt: skip
+                if state[key] != expected:
+                    raise ValueError(
+                        f"the sampler state of old rank {rank} has {key}={state[key]}, expected {expected}: pass the "
+                        "states of every worker of one checkpoint, in rank order"
+                    )
+        num_samples, seed = int(first["num_samples"]), int(first["seed"])
+        check_world_size(world_size, num_samples)
+        # The last pass any old worker has drawn from: every pass up to it is finished through the bridge.
+        last = max(int(s["epoch"]) - (1 if int(s["position"]) == 0 else 0) for s in states)
+        remainders: dict[int, list[int]] = {}
+        for state in states:
+            for epoch, items in _remainders(state, last).items():
+                remainders.setdefault(epoch, []).extend(items)
+        for epoch, items in remainders.items():
+            if len(set(items)) != len(items):
+                raise ValueError(f"the old workers' sampler states overlap in pass {epoch}: they are not one run's")
+            order = torch.empty(num_samples, dtype=torch.long)
+            order[_permutation(seed, epoch, num_samples)] = torch.arange(num_samples)
+            indices = torch.tensor(items, dtype=torch.long)
+            remainders[epoch] = indices[torch.argsort(order[indices])].tolist()  # the pass's order, any old layout
+        parts = bridge(remainders, world_size)
+        return [
+            {
+                "epoch": last + 1,
+                "position": 0,
+                "batch_size": int(states[min(rank, len(states) - 1)]["batch_size"]),
+                "seed": seed,
+                "num_samples": num_samples,
+                "num_workers": world_size,
+                "rank": rank,
+                **_bridge_state(part, 0),
+            }
+            for rank, part in enumerate(parts)
+        ]
+
+
+def _permutation(seed: int, epoch: int, num_samples: int) -> torch.Tensor:
+    return torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + epoch))
+
+
+def _bridge_state(parts: list[tuple[int, list[int]]], position: int) -> dict[str, Any]:
+    """A bridge as plain values and one int32 tensor (`torch.load(weights_only=True)` reads it); None without one."""
+    if not parts:
+        return {"bridge_passes": None, "bridge_lengths": None, "bridge_indices": None, "bridge_pos": 0}
+    return {
+        "bridge_passes": [epoch for epoch, _ in parts],
+        "bridge_lengths": [len(items) for _, items in parts],
+        "bridge_indices": torch.tensor([i for _, items in parts for i in items], dtype=torch.int32),
+        "bridge_pos": position,
+    }
+
+
+def _bridge_of(state: dict[str, Any]) -> list[tuple[int, list[int]]]:
+    """The bridge of a state (`[]` for one without, or written before bridges existed)."""
+    if state.get("bridge_passes") is None:
+        return []
+    flat = torch.as_tensor(state["bridge_indices"]).tolist()
+    parts, start = [], 0
+    for epoch, length in zip(state["bridge_passes"], state["bridge_lengths"]):
+        parts.append((int(epoch), flat[start : start + int(length)]))
+        start += int(length)
+    return parts
+
+
+def _remainders(state: dict[str, Any], last: int) -> dict[int, list[int]]:
+    """pass → what the worker of `state` has not drawn yet of passes up to `last`: the rest of its bridge, then of
+    its regular shards (with its layout)."""
+    remaining: dict[int, list[int]] = {}
+    offset = int(state.get("bridge_pos") or 0)
+    for epoch, items in _bridge_of(state):
+        rest = items[max(offset, 0) :]
+        offset -= len(items)
+        if rest:
+            remaining.setdefault(epoch, []).extend(rest)
+    num_samples, num_workers, rank = int(state["num_samples"]), int(state["num_workers"]), int(state["rank"])
+    shard_size = num_samples // num_workers
+    for epoch in range(int(state["epoch"]), last + 1):
+        shard = _permutation(int(state["seed"]), epoch, num_samples)[rank::num_workers][:shard_size]
+        start = int(state["position"]) if epoch == int(state["epoch"]) else 0
+        remaining.setdefault(epoch, []).extend(shard[start:].tolist())
+    return remaining
 
 
 def adaptive_train_loader(

@@ -26,6 +26,7 @@ from .checkpoint import (
 )
 from .config import AdLoCoConfig
 from .console import restart_rate_estimate
+from .elastic import check_instances_fit, elastic_rank_state
 from .evaluation import evaluate_instances
 from .hub import MergedModelHubMixin
 from .manifest import resolve_checkpoint
@@ -34,6 +35,8 @@ from .rounds import AdLoCoState, RoundResult, merge_record, round_logs
 from .run_settings import check_run_settings, run_settings
 from .sampler import AdaptiveBatchSampler, adaptive_train_loader
 from .staged_save import save_staged_checkpoint
+from .stream import is_stream
+from .stream_sampler import AdaptiveStreamSampler, adaptive_stream_loader
 from .switch_mode import Statistics, StepPlan
 from .worker import Worker
 
@@ -55,7 +58,9 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         model: the model to train (the same on every worker).
         args: an [`AdLoCoConfig`].
         **kwargs: everything `transformers.Trainer` accepts (`train_dataset`, `eval_dataset`, `data_collator`,
-            `processing_class`, `callbacks`, ...). `train_dataset` must have a length (map-style).
+            `processing_class`, `callbacks`, ...). `train_dataset` is map-style (with a length) or a stream: a
+            `datasets.IterableDataset`, a `data.PackedStream`, or a torch `IterableDataset` with `state_dict()` /
+            `load_state_dict()` (each worker reads its own part; resume continues it exactly, `stream.py`).
 
     Example:
     ```python
@@ -77,17 +82,6 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
                 "TrainingArguments field plus AdLoCo's (inner_steps, num_instances, ...)"
             )
         super().__init__(model=model, args=args, **kwargs)
-        if args.num_instances > args.world_size:
-            cpu = (
-                " Without a GPU, `accelerate launch --num_processes N` alone starts ONE process: launch with "
-                f"`accelerate launch --multi_gpu --num_processes {args.num_instances} train.py` and use_cpu=True "
-                "(AdLoCoConfig sets it when no GPU is present), or --config_file accelerate_configs/cpu_4_workers.yaml."
-            )
-            raise ValueError(
-                f"num_instances={args.num_instances} exceeds the {args.world_size} worker(s) of this launch; lower "
-                f"num_instances or launch at least {args.num_instances} processes (accelerate launch --num_processes)."
-                + (cpu if args.device.type == "cpu" else "")
-            )
         if args.eval_strategy != "no" and self.eval_dataset is None:
             raise ValueError(
                 f"eval_strategy={args.eval_strategy.value!r} asks for evaluation but no eval_dataset was given; pass "
@@ -95,7 +89,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
             )
         self.worker = Worker(args)
         self._preempted_at: int | None = None
-        self.train_sampler: AdaptiveBatchSampler | None = None
+        self.train_sampler: AdaptiveBatchSampler | AdaptiveStreamSampler | None = None
         self._train_loader: DataLoader | None = None
         # Right after DefaultFlowCallback, before reporting and user callbacks: at a round's end they then see the
         # synchronised weights and the round's totals.
@@ -182,16 +176,36 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         The checkpoint to resume from is verified first; `True` takes the newest intact one (`manifest.py`)."""
         self._preempted_at = None
         resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        self._check_instances_fit(resume_from_checkpoint)
         output = super().train(resume_from_checkpoint, *args, **kwargs)
         if self._preempted_at is not None:
             checkpoint = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self._preempted_at}")
             raise TrainingPreempted(
                 f"training was preempted ({self.worker.preemption.signal_name or 'a signal to another worker'}) and "
                 f"stopped at step {self._preempted_at}: every worker saved its state in {checkpoint}. Resume with "
-                f"train(resume_from_checkpoint={checkpoint!r}) (or True) and the same number of processes.",
+                f"train(resume_from_checkpoint={checkpoint!r}) (or True) and the same number of processes (it was "
+                "written inside a round: another number of workers can resume only from a round's end).",
                 checkpoint,
             )
         return output
+
+    def _check_instances_fit(self, resume_from_checkpoint: str | None) -> None:
+        """Every instance needs a worker: a new run's `num_instances`, a resumed run's checkpoint's instances (merges
+        may have left fewer than `num_instances`; an elastic resume may have fewer workers, `elastic.py`)."""
+        args = self.args
+        if resume_from_checkpoint is not None:
+            check_instances_fit(resume_from_checkpoint, args.world_size)
+        elif args.num_instances > args.world_size:
+            cpu = (
+                " Without a GPU, `accelerate launch --num_processes N` alone starts ONE process: launch with "
+                f"`accelerate launch --multi_gpu --num_processes {args.num_instances} train.py` and use_cpu=True "
+                "(AdLoCoConfig sets it when no GPU is present), or --config_file accelerate_configs/cpu_4_workers.yaml."
+            )
+            raise ValueError(
+                f"num_instances={args.num_instances} exceeds the {args.world_size} worker(s) of this launch; lower "
+                f"num_instances or launch at least {args.num_instances} processes (accelerate launch --num_processes)."
+                + (cpu if args.device.type == "cpu" else "")
+            )
 
     def _run_epoch(self, *args, **kwargs) -> None:
         """A run resumed from its final checkpoint (`global_step >= max_steps`) only ends: `_finish_rounds` redoes
@@ -205,10 +219,22 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
 
     # ---- data: a plain DataLoader over the adaptive sampler ----
     def get_train_dataloader(self) -> DataLoader:
-        """A plain loader over the adaptive sampler: accelerate's `BatchSamplerShard` would freeze the batch size."""
+        """A plain loader over the adaptive sampler: accelerate's `BatchSamplerShard` would freeze the batch size.
+        A stream goes through `AdaptiveStreamSampler` (this worker's part of it, batches of the planned size)."""
         if self.train_dataset is None:
             raise ValueError("AdLoCoTrainer: training requires a train_dataset.")
         dataset, collator = self.train_dataset, self.data_collator
+        if is_stream(dataset):
+            self._train_loader = adaptive_stream_loader(
+                dataset,
+                self._get_collator_with_removed_columns(collator, description="training"),
+                batch_size=self.args.per_device_train_batch_size,
+                num_workers=self.args.world_size,
+                rank=self.args.process_index,
+                pin_memory=self.args.dataloader_pin_memory,
+            )
+            self.train_sampler = self._train_loader.dataset
+            return self._train_loader
         if isinstance(dataset, datasets.Dataset):
             dataset = self._remove_unused_columns(dataset, description="training")
         else:
@@ -286,7 +312,11 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
     def run_probe_step(self, size: int) -> None:
         """Forward and backward on `size` training samples, gradients cleared after (for max_batch_size='auto')."""
         dataset, collator = self._train_loader.dataset, self._train_loader.collate_fn
-        inputs = self._prepare_inputs(collator([dataset[i % len(dataset)] for i in range(size)]))
+        if isinstance(self.train_sampler, AdaptiveStreamSampler):
+            examples = self.train_sampler.probe_examples(size)  # from a fresh part: no training data is drawn
+        else:
+            examples = [dataset[i % len(dataset)] for i in range(size)]
+        inputs = self._prepare_inputs(collator(examples))
         model = self.model
         model.train()
         try:
@@ -332,12 +362,19 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         save_staged_checkpoint(self, self.worker, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        """Load the weights as the Trainer does, then this worker's AdLoCo state (refusing another world size, or
-        changed settings that define the run: `run_settings.py`)."""
-        check_rank_states(resume_from_checkpoint, self.args.world_size)
+        """Load the weights as the Trainer does, then this worker's AdLoCo state (refusing changed settings that
+        define the run: `run_settings.py`). A checkpoint written by another number of workers is an elastic resume
+        (`elastic.py`): its refusals come before anything is loaded."""
+        written = check_rank_states(resume_from_checkpoint, self.args.world_size)
         check_run_settings(resume_from_checkpoint, run_settings(self.args, self.accelerator.unwrap_model(self.model)))
+        rank, world_size = self.args.process_index, self.args.world_size
+        if written == world_size:
+            state = load_rank_state(resume_from_checkpoint, rank)
+        else:
+            streamed = is_stream(self.train_dataset)
+            state = elastic_rank_state(resume_from_checkpoint, rank, world_size, streamed=streamed)
         super()._load_from_checkpoint(resume_from_checkpoint, model)
-        self.worker.load_state_dict(load_rank_state(resume_from_checkpoint, self.args.process_index))
+        self.worker.load_state_dict(state)
 
     def _init_training_state(self, max_steps, *args, **kwargs):
         """On resume the Trainer takes logging/eval/save steps from the checkpoint's trainer_state.json: this run's

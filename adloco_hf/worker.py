@@ -21,6 +21,7 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
+from transformers import set_seed
 
 from . import merging
 from .batch_size import GradientStatistics
@@ -64,6 +65,7 @@ from .rounds import (
     run_summary,
 )
 from .run_log import RunLog
+from .stream_sampler import check_sampler_kind
 from .switch_mode import BatchPlan, Statistics, StepPlan, plan_batch, plan_step
 
 
@@ -173,6 +175,8 @@ class Worker:
                 resumed_outer_step=None if resume is None else self.outer_step,
                 resumed_global_step=None if resume is None else global_step,
             )
+            if resume is not None and resume.get("elastic") is not None:
+                self._log_elastic(resume["elastic"], global_step)
             logger.info(
                 f"AdLoCo: {self.world_size} workers, {len(self.instances)} instances, {self.args.inner_steps} inner "
                 f"steps per round, initial batch {self.args.per_device_train_batch_size} per worker, max micro-batch "
@@ -440,10 +444,12 @@ class Worker:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Keep a checkpoint's state until `start` (models and optimizers are set up in between). The trainer has
-        checked that the checkpoint has one state per worker of this run (`checkpoint.check_rank_states`)."""
+        checked that the checkpoint has one state per worker (`checkpoint.check_rank_states`); one written by another
+        number of workers comes re-split for this rank (`elastic.elastic_rank_state`)."""
         self._pending = state
 
     def _restore(self, state: dict[str, Any]) -> None:
+        check_sampler_kind(state["sampler"], self._sampler)  # a stream's position cannot restore a map-style run
         self.outer_step = int(state["outer_step"])
         self.last_synced_step = int(state["last_synced_step"])
         self.max_batch_size = int(state["max_batch_size"])
@@ -461,4 +467,27 @@ class Worker:
         if state.get("round") is not None:
             self._tally = RoundTally.restore(state["round"], self._trainable(), self.collector)
         self._rng_to_restore = state.get("rng")  # right before the first inner step, see `rng.py`
+        if state.get("elastic") is not None:
+            self._settle_elastic()
         self._pending = None
+
+    def _settle_elastic(self) -> None:
+        """After an elastic resume (`elastic.py`) every worker of an instance holds the same φ (overlapped: the
+        average in flight applied, the offset dropped), the compression residual of the old ring is dropped, and a
+        new rank gets random generators of its own (seeded by seed, rank and step), not the shared initial ones."""
+        self.global_model.settle()
+        self.global_model.reduce.reset_error_feedback()
+        if self._rng_to_restore is None:
+            set_seed(hash((self.args.seed, self.rank, self.last_synced_step)) % 2**32)
+            self._rng_to_restore = get_rng_state()
+
+    def _log_elastic(self, elastic: dict[str, Any], global_step: int) -> None:
+        """Rank 0: the elastic resume in the log (WARNING) and as a line of `adloco_resumes.jsonl`."""
+        logger.warning(
+            f"elastic resume: {elastic['checkpoint']} was written by {elastic['from_workers']} workers, this run has "
+            f"{elastic['to_workers']}; " + "; ".join(elastic["lines"])
+        )
+        keys = ("checkpoint", "from_workers", "to_workers", "workers_before", "workers_after", "optimizer_sources")
+        line = {"global_step": global_step, "outer_step": self.outer_step, **{key: elastic[key] for key in keys}}
+        line["data"] = "map-style: every sample of the passes started is drawn exactly once by old and new workers"
+        self.run_log.record_resume(line)

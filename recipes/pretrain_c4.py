@@ -20,6 +20,10 @@ overrides any of them (`--max_steps 400`), and `--help` lists them all: this scr
     accelerate launch --config_file accelerate_configs/cpu_4_workers.yaml \
         recipes/pretrain_c4.py --config recipes/configs/demo.yaml --max_steps 40 --output_dir outputs/short
 
+    # Stream all of C4 (no document limit): each worker reads its own C4 files, tokenised and packed on the fly.
+    accelerate launch --config_file accelerate_configs/multi_gpu.yaml \
+        recipes/pretrain_c4.py --config recipes/configs/c4_streaming.yaml
+
     # Resume the last checkpoint of output_dir (same number of workers).
     accelerate launch --config_file accelerate_configs/cpu_4_workers.yaml \
         recipes/pretrain_c4.py --config recipes/configs/demo.yaml --resume_from_checkpoint last
@@ -44,7 +48,9 @@ from adloco_hf.data import (
     BUILTIN_CORPUS,
     BUILTIN_SOURCE_CORPUS,
     build_lm_datasets,
+    build_lm_stream,
     lm_dataset_stats,
+    load_document_stream,
     load_or_train_tokenizer,
     load_text_corpus,
 )
@@ -107,6 +113,21 @@ class ScriptArguments:
     preprocessing_num_workers: int | None = field(
         default=None, metadata={"help": "Processes for tokenisation and packing (datasets.map num_proc)."}
     )
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Stream the training documents (allenai/c4, local files, Hub datasets) instead of materialising "
+            "them: no document limit, each worker reads its own files, tokenised and packed on the fly, and a "
+            "resumed run continues each worker's stream exactly. Evaluation uses the first eval_documents documents."
+        },
+    )
+    eval_documents: int = field(
+        default=500, metadata={"help": "With --streaming: documents held out of training for evaluation."}
+    )
+    tokenizer_documents: int = field(
+        default=10_000,
+        metadata={"help": "With --streaming: the first N documents a trained tokenizer learns from (cached)."},
+    )
     plot: bool = field(
         default=True, metadata={"help": "Write adloco_run.png (batch sizes, instances, losses) at the end."}
     )
@@ -133,6 +154,31 @@ def resolve_checkpoint(training_args: AdLoCoConfig) -> str | None:
     return checkpoint
 
 
+def streamed_datasets(script_args: ScriptArguments, tokenizer, world_size: int):
+    """`--streaming`: the training stream (`PackedStream`, read by each worker in its part) and a map-style eval set
+    of the stream's first `eval_documents` documents, held out of training."""
+    documents = load_document_stream(
+        script_args.dataset_name, data_files=script_args.dataset_files, text_column=script_args.text_column
+    )
+    train, eval_blocks = build_lm_stream(
+        documents,
+        tokenizer,
+        block_size=script_args.block_size,
+        eval_documents=script_args.eval_documents,
+        num_proc=script_args.preprocessing_num_workers,
+    )
+    layout = "shards" if documents.num_shards >= world_size else "stride"
+    logger.info(
+        "data %s, streamed: %d shard(s), %d worker(s), layout %s; eval %s",
+        script_args.dataset_name,
+        documents.num_shards,
+        world_size,
+        layout,
+        lm_dataset_stats({"eval": eval_blocks}),
+    )
+    return train, eval_blocks
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = HfArgumentParser((ScriptArguments, AdLoCoConfig))
     # Without a GPU the workers need use_cpu=True for a gloo group (else each one sees a world of 1).
@@ -148,17 +194,25 @@ def main(argv: list[str] | None = None) -> None:
 
     # ---- model & tokenizer (a trained tokenizer learns from the corpus, so the documents are read first) ----
     is_preset = script_args.model_name_or_path in MODEL_PRESETS
-    # The main process streams (C4) or reads the documents into the datasets cache first; the others then reuse it.
-    with training_args.main_process_first(desc="loading the corpus"):
-        texts = load_text_corpus(
-            script_args.dataset_name,
-            num_documents=script_args.num_documents,
-            data_files=script_args.dataset_files,
-            text_column=script_args.text_column,
-        )
     tokenizer_source = script_args.tokenizer_name_or_path
     if tokenizer_source is None and not is_preset:
         tokenizer_source = script_args.model_name_or_path  # a pretrained model keeps its own vocabulary
+    if script_args.streaming and script_args.num_documents is not None:
+        raise ValueError(
+            "num_documents limits a materialised corpus; with --streaming the training stream has no limit (stop "
+            "with max_steps, or pass fewer --dataset_files): drop num_documents (--num_documents null)"
+        )
+    # The main process streams (C4) or reads the documents into the datasets cache first; the others then reuse it.
+    # Streaming, only a trained tokenizer's sample is read here (its first tokenizer_documents documents).
+    texts = None
+    if not script_args.streaming or tokenizer_source is None:
+        with training_args.main_process_first(desc="loading the corpus"):
+            texts = load_text_corpus(
+                script_args.dataset_name,
+                num_documents=script_args.tokenizer_documents if script_args.streaming else script_args.num_documents,
+                data_files=script_args.dataset_files,
+                text_column=script_args.text_column,
+            )
     tokenizer = load_or_train_tokenizer(
         tokenizer_source, texts, vocab_size=script_args.tokenizer_vocab_size, cache_dir=script_args.cache_dir
     )
@@ -189,23 +243,27 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     # ---- dataset ----
-    lm_datasets = build_lm_datasets(
-        texts,
-        tokenizer,
-        block_size=script_args.block_size,
-        eval_fraction=script_args.eval_fraction,
-        max_eval_documents=script_args.max_eval_documents,
-        cache_dir=script_args.cache_dir,
-        num_proc=script_args.preprocessing_num_workers,
-    )
-    logger.info("data %s: %s", script_args.dataset_name, lm_dataset_stats(lm_datasets))
+    if script_args.streaming:
+        train_dataset, eval_dataset = streamed_datasets(script_args, tokenizer, training_args.world_size)
+    else:
+        lm_datasets = build_lm_datasets(
+            texts,
+            tokenizer,
+            block_size=script_args.block_size,
+            eval_fraction=script_args.eval_fraction,
+            max_eval_documents=script_args.max_eval_documents,
+            cache_dir=script_args.cache_dir,
+            num_proc=script_args.preprocessing_num_workers,
+        )
+        logger.info("data %s: %s", script_args.dataset_name, lm_dataset_stats(lm_datasets))
+        train_dataset, eval_dataset = lm_datasets["train"], lm_datasets["eval"]
 
     # ---- training ----
     trainer = AdLoCoTrainer(
         model=model,
         args=training_args,
-        train_dataset=lm_datasets["train"],
-        eval_dataset=lm_datasets["eval"] if training_args.eval_strategy != "no" else None,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset if training_args.eval_strategy != "no" else None,
         processing_class=tokenizer,
         data_collator=default_data_collator,
     )

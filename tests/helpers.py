@@ -4,6 +4,7 @@ Launching and the tiny models come from `adloco_hf.testing` (shared with the ben
 (the contract keys, the synthetic data) lives here.
 """
 
+import json
 import os
 
 import datasets
@@ -19,12 +20,15 @@ __all__ = [
     "REPO",
     "SCRIPTS",
     "TESTS",
+    "c4_documents",
     "flat_params",
     "free_port",
     "launch",
     "sequence_dataset",
     "tiny_config",
     "tiny_model",
+    "word_tokenizer",
+    "write_c4_shards",
 ]
 
 
@@ -52,6 +56,46 @@ def sequence_dataset(n: int = 512, length: int = 32, vocab_size: int = 64, seed:
         ids = [(start + step * k) % vocab_size for k in range(length)]
         rows.append({"input_ids": ids, "labels": ids})
     return datasets.Dataset.from_list(rows)
+
+
+def c4_documents(num_documents: int, *, first: int = 0, words: int = 16) -> list[str]:
+    """Documents of 2 to 14 words: a sentinel `d<k>` (so a test can tell which documents a block holds), then words
+    `w<j>` of a small vocabulary in a pattern that depends on k."""
+    docs = []
+    for k in range(first, first + num_documents):
+        docs.append(" ".join([f"d{k}"] + [f"w{(k * 7 + j * 3) % words}" for j in range(1 + (k * 5) % 13)]))
+    return docs
+
+
+def write_c4_shards(directory, num_shards: int, docs_per_shard: int) -> tuple[list[str], list[str]]:
+    """JSON-lines shards in C4's schema (`text`, `timestamp`, `url`), named as C4's are; returns (files, documents)
+    with the documents in shard order (`c4_documents`, sentinels d0, d1, ...)."""
+    os.makedirs(directory, exist_ok=True)
+    files, docs = [], []
+    for shard in range(num_shards):
+        path = os.path.join(str(directory), f"c4-train.{shard:05d}-of-{num_shards:05d}.json")
+        texts = c4_documents(docs_per_shard, first=shard * docs_per_shard)
+        with open(path, "w", encoding="utf-8") as f:
+            for i, text in enumerate(texts):
+                f.write(json.dumps({"text": text, "timestamp": "2019-04-01T12:00:00Z", "url": f"https://e.org/{i}"}))
+                f.write("\n")
+        files.append(path)
+        docs.extend(texts)
+    return files, docs
+
+
+def word_tokenizer(num_documents: int = 1000, words: int = 16):
+    """A fast word-level tokenizer for `c4_documents`: one token per word (`d<k>` for k < num_documents, `w<j>`),
+    `</s>` as eos. Built in milliseconds, the same on every worker."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    names = ["[UNK]", "</s>"] + [f"w{j}" for j in range(words)] + [f"d{k}" for k in range(num_documents)]
+    backend = Tokenizer(WordLevel({name: i for i, name in enumerate(names)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", unk_token="[UNK]", pad_token="</s>")
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:

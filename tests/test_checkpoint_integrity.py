@@ -201,8 +201,7 @@ def test_a_missing_rank_0_state_is_found_from_the_other_files(tmp_path):
         check_rank_states(folder, 1)
 
 
-def test_a_complete_checkpoint_of_another_world_size_says_how_many_processes(tmp_path):
+def test_a_complete_checkpoint_of_another_world_size_reports_how_many_wrote_it(tmp_path):
     folder = make_checkpoint(tmp_path / "checkpoint-10", workers=2)
-    check_rank_states(folder, 2)
-    with pytest.raises(ValueError, match="written by 2 workers but this run has 3; resume with 2 processes"):
-        check_rank_states(folder, 3)
+    assert check_rank_states(folder, 2) == 2
+    assert check_rank_states(folder, 3) == 2  # an elastic resume (`elastic.py`), not refused here

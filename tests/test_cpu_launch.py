@@ -43,7 +43,7 @@ def test_too_few_workers_names_the_cpu_launch(tmp_path):
         output_dir=str(tmp_path), max_steps=20, inner_steps=10, num_instances=2, use_cpu=True, report_to=[]
     )
     with pytest.raises(ValueError) as error:
-        AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(32))
+        AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(32)).train()
     message = str(error.value)
     assert "num_instances=2 exceeds the 1 worker" in message
     assert (

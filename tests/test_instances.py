@@ -7,6 +7,7 @@ from adloco_hf.instances import (
     merge_is_due,
     plan_merge,
     plan_transfers,
+    reassign_workers,
     redistribute,
     seat_counts,
 )
@@ -142,3 +143,35 @@ def test_save_transfer_reaches_the_writer_when_it_is_elsewhere():
     saves = [t for t in plan_transfers(plan) if t.kind == "save"]
     assert [(t.src, t.dst) for t in saves] == [(1, 0)]
     assert not [t for t in plan_transfers(plan, save=False) if t.kind == "save"]
+
+
+# ---- another number of workers (elastic resume) ----
+def test_reassign_to_more_workers_keeps_members_and_fills_new_ranks_by_demand():
+    insts = table((0, [0], 6), (1, [1], 2))  # demands 6 and 2
+    after = reassign_workers(insts, 4)
+    assert [i.workers for i in after] == [(0, 2, 3), (1,)]  # seats 3:1, new ranks fill instance 0
+    assert [(i.batch_size, i.demand) for i in after] == [(6, 6.0), (2, 2.0)]  # requests and demands kept
+    equal = reassign_workers(table((0, [0], 4), (1, [1], 4)), 4)
+    assert [i.workers for i in equal] == [(0, 2), (1, 3)]
+
+
+def test_reassign_to_fewer_workers_drops_the_ranks_that_are_gone():
+    insts = table((0, [0, 2], 4), (1, [1, 3], 4))
+    after = reassign_workers(insts, 2)
+    assert [i.workers for i in after] == [(0,), (1,)]
+    assert [i.demand for i in after] == [8.0, 8.0]
+    assert reassign_workers(insts, 4) == insts  # the same number of workers changes nothing
+
+
+def test_an_instance_left_without_workers_gets_a_released_one():
+    # Instance 1 had only ranks 2 and 3; with 3 workers instance 0 (demand 12) gives up rank 1, lowest released.
+    insts = table((0, [0, 1], 6), (1, [2, 3], 2))
+    after = reassign_workers(insts, 2)
+    assert [i.workers for i in after] == [(0,), (1,)]
+    after3 = reassign_workers(table((0, [0, 1, 2], 4), (1, [3], 4)), 3)
+    assert [i.workers for i in after3] == [(0, 1), (2,)]
+
+
+def test_reassign_refuses_more_instances_than_workers():
+    with pytest.raises(ValueError, match="3 instances cannot share 2 workers: every instance needs a worker"):
+        reassign_workers(table((0, [0], 2), (1, [1], 2), (2, [2], 2)), 2)

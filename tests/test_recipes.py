@@ -13,7 +13,7 @@ import evaluate
 import pytest
 import torch
 from helpers import CONTRACT_ROUND_KEYS as ROUND_KEYS
-from helpers import launch
+from helpers import launch, write_c4_shards
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
 
 from adloco_hf import AdLoCoConfig
@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
 CONFIGS = RECIPES / "configs"
 FIXTURE = ROOT / "tests" / "fixtures" / "pretrain_tiny.yaml"
+STREAMING_FIXTURE = ROOT / "tests" / "fixtures" / "pretrain_tiny_streaming.yaml"
 METRIC = ROOT / "adloco_hf" / "metrics" / "perplexity.py"
 # Every file the subprocesses could write outside tmp_path (datasets cache, evaluate modules) goes under it instead.
 HERMETIC_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -119,7 +120,7 @@ def test_yaml_satisfies_required_arguments(tmp_path):
     assert (script_args.model_name_or_path, script_args.dataset_name) == ("some/model", "notes.jsonl")
 
 
-@pytest.mark.parametrize("name", ["demo", "paper", "c4_microllama"])
+@pytest.mark.parametrize("name", ["demo", "paper", "c4_microllama", "c4_streaming"])
 def test_shipped_configs_parse_and_start_with_their_launch_command(pretrain, name):
     path = CONFIGS / f"{name}.yaml"
     first_line = path.read_text().splitlines()[0]
@@ -252,6 +253,42 @@ def test_pretrain_recipe_with_two_workers(pretrained_run):
     assert (out / "adloco_run.png").stat().st_size > 10_000
     assert "AdLoCo run:" in output and "eval perplexity" in output
     assert "round 4 (step" in output  # the library's per-round line reaches the recipe's console on rank 0
+
+
+@pytest.mark.multiprocess
+def test_pretrain_recipe_streams_local_shards(tmp_path):
+    """`--streaming` through the same code path as all of C4: 4 local shards in C4's schema, 2 workers."""
+    files, _ = write_c4_shards(tmp_path / "shards", 4, 30)
+    out = tmp_path / "out"
+    env = HERMETIC_ENV | {"HF_HOME": str(tmp_path / "hf"), "MPLCONFIGDIR": str(tmp_path / "mpl")}
+    result = launch(
+        str(RECIPES / "pretrain_c4.py"),
+        "--config",
+        str(STREAMING_FIXTURE),
+        "--output_dir",
+        str(out),
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        "--dataset_files",
+        *files,
+        num_processes=2,
+        timeout=240,
+        env=env | {"ADLOCO_EXPECT_WORLD_SIZE": "2"},
+    )
+    output = result.stdout + result.stderr
+    assert "streamed: 4 shard(s), 2 worker(s), layout shards" in output
+    rounds = [json.loads(line) for line in (out / "adloco_rounds.jsonl").read_text().splitlines()]
+    for line in rounds:
+        assert ROUND_KEYS <= line.keys(), f"missing {sorted(ROUND_KEYS - line.keys())}"
+    assert sorted(rank for line in rounds if line["outer_step"] == 1 for rank in line["workers"]) == [0, 1]
+    assert max(line["outer_step"] for line in rounds) == 4 and any(line["merged_from"] for line in rounds)
+    assert all(math.isfinite(line["train_loss"]) for line in rounds)
+    evals = [json.loads(line) for line in (out / "adloco_eval.jsonl").read_text().splitlines()]
+    assert evals and all(math.isfinite(value) for e in evals for key, value in e.items() if key.endswith("loss"))
+    state = torch.load(out / "checkpoint-10" / "adloco" / "rank-1.pt", weights_only=True)
+    assert state["sampler"]["kind"] == "stream" and state["sampler"]["stream"]["source"]["layout"] == "shards"
+    model = AutoModelForCausalLM.from_pretrained(out / "merged")
+    assert model.config.vocab_size == len(AutoTokenizer.from_pretrained(out / "merged"))
 
 
 def write_notes(path: Path, documents: int = 80) -> None:

@@ -86,11 +86,10 @@ def test_stop_and_resume_ends_with_the_same_merged_model(tmp_path):
     assert logged_epochs(part) == logged_epochs(full) and logged_epochs(full)[-1] == (30, 1.0)
     assert full_rounds[-1]["batch_size"] > 2  # batches grew along the way
 
-    # Resuming with another number of workers is refused before training.
-    args = AdLoCoConfig(output_dir=part, use_cpu=True, report_to=[], **{k: v for k, v in RESUME_CONFIG.items()})
-    args.num_instances = 1
+    # Resuming the checkpoint's 2 instances on 1 worker is refused before training: merge down first.
+    args = AdLoCoConfig(output_dir=part, use_cpu=True, report_to=[], **RESUME_CONFIG)
     trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(512))
-    with pytest.raises(ValueError, match="written by 2 workers but this run has 1"):
+    with pytest.raises(ValueError, match="holds 2 instances but this run has 1 worker.*merge down first"):
         trainer.train(resume_from_checkpoint=os.path.join(part, "checkpoint-10"))
 
 

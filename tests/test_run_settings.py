@@ -9,11 +9,13 @@ from helpers import tiny_model
 
 from adloco_hf import AdLoCoConfig
 from adloco_hf.run_settings import (
+    ELASTIC_FIELDS,
     RESTORED_FIELDS,
     TRAJECTORY_FIELDS,
     Change,
     check_run_settings,
     compare_run_settings,
+    elastic_changes,
     load_run_settings,
     model_settings,
     run_settings,
@@ -39,7 +41,7 @@ def changes(tmp_path, model=None, new_model=None, resolved=None, **new):
 def test_the_record_holds_the_trajectory_the_restored_fields_and_the_model(tmp_path):
     record = run_settings(config(tmp_path, max_batch_size=8), tiny_model())
     settings = record["settings"]
-    assert set(settings) == set(TRAJECTORY_FIELDS) | set(RESTORED_FIELDS)
+    assert set(settings) == set(TRAJECTORY_FIELDS) | set(RESTORED_FIELDS) | set(ELASTIC_FIELDS)
     assert settings["inner_steps"] == 5 and settings["world_size"] == 1 and settings["max_batch_size"] == 8
     assert settings["data_seed"] is None and settings["batch_size_cap"] is None
     assert record["model"]["num_attention_heads"] == 4 and record["model"]["rope_parameters"]["rope_type"] == "default"
@@ -163,6 +165,22 @@ def test_check_accepts_a_new_learning_rate_with_a_warning(tmp_path, records):
     assert len(warnings) == 1
     assert warnings[0].startswith("learning_rate=0.01 differs from the checkpoint's 0.003")
     assert "the checkpoint's value goes on" in warnings[0]
+
+
+def test_another_world_size_is_logged_not_refused(tmp_path, records):
+    checkpoint = str(tmp_path / "checkpoint-10")
+    saved = run_settings(config(tmp_path), tiny_model())
+    saved["settings"]["world_size"] = 4  # written by 4 workers, resumed by this one
+    save_run_settings(checkpoint, saved)
+    current = run_settings(config(tmp_path), tiny_model())
+    assert compare_run_settings(saved, current) == ([], [])
+    assert elastic_changes(saved, current) == [Change("world_size", 4, 1)]
+    check_run_settings(checkpoint, current)
+    warnings = [r.getMessage() for r in records.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "world_size was 4 in the checkpoint, is 1 now: an elastic resume, every instance keeps its weights, momentum "
+        "and request (README, Resuming and failures)"
+    ]
 
 
 def test_check_of_a_checkpoint_without_a_record_warns(tmp_path, records):

@@ -150,8 +150,39 @@ def _tokenize_and_pack(
     fingerprint: str,
 ) -> datasets.DatasetDict:
     documents = _split_documents(texts, eval_fraction=eval_fraction, max_eval_documents=max_eval_documents, seed=seed)
+    splits = {}
+    for name, indices in documents.items():
+        hint = " or a larger eval_fraction/max_eval_documents." if name == "eval" else "."
+        splits[name] = pack_documents(
+            texts.select(indices),
+            tokenizer,
+            block_size=block_size,
+            name=name,
+            num_proc=num_proc,
+            fingerprint=_hash([fingerprint, name]),
+            hint=hint,
+        )
+    return datasets.DatasetDict(splits)
 
+
+def pack_documents(
+    docs: datasets.Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    block_size: int,
+    name: str,
+    num_proc: int | None = None,
+    fingerprint: str | None = None,
+    hint: str = ".",
+) -> datasets.Dataset:
+    """Tokenise one split's documents (each followed by `eos_token_id`) and cut their token stream into blocks of
+    `block_size` tokens (see [`build_lm_datasets`]); the streamed training data packs the same way (`streaming.py`).
+
+    Raises:
+        ValueError: when the documents hold less than one block (`hint` ends the message with what to change).
+    """
     eos = tokenizer.eos_token_id
+    fingerprint = fingerprint or _hash(["pack", _FORMAT_VERSION, docs._fingerprint, _tokenizer_fingerprint(tokenizer)])
 
     def tokenize(batch: list[str]) -> dict[str, list]:
         ids = tokenizer(batch, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
@@ -161,29 +192,25 @@ def _tokenize_and_pack(
     token_features = datasets.Features(
         {"input_ids": datasets.List(datasets.Value("int32")), "num_tokens": datasets.Value("int64")}
     )
-    splits = {}
-    for name, indices in documents.items():
-        docs = texts.select(indices)
-        tokenized = docs.map(
-            tokenize,
-            batched=True,
-            batch_size=_MAP_BATCH_SIZE,
-            input_columns="text",
-            remove_columns=docs.column_names,
-            features=token_features,
-            num_proc=num_proc,
-            new_fingerprint=_hash([fingerprint, name, "tokenize"]),
-            desc=f"Tokenising {name} documents",
+    tokenized = docs.map(
+        tokenize,
+        batched=True,
+        batch_size=_MAP_BATCH_SIZE,
+        input_columns="text",
+        remove_columns=docs.column_names,
+        features=token_features,
+        num_proc=num_proc,
+        new_fingerprint=_hash([fingerprint, "tokenize"]),
+        desc=f"Tokenising {name} documents",
+    )
+    packed = _pack(tokenized, block_size, num_proc=num_proc, fingerprint=_hash([fingerprint, "pack"]))
+    if len(packed) == 0:
+        total = int(np.sum(tokenized.data.column("num_tokens").to_numpy()))
+        raise ValueError(
+            f"The {name} split has {total} tokens ({len(docs)} documents), less than one block of "
+            f"block_size={block_size}: lower block_size, or give more documents{hint}"
         )
-        splits[name] = _pack(tokenized, block_size, num_proc=num_proc, fingerprint=_hash([fingerprint, name, "pack"]))
-        if len(splits[name]) == 0:
-            total = int(np.sum(tokenized.data.column("num_tokens").to_numpy()))
-            raise ValueError(
-                f"The {name} split has {total} tokens ({len(docs)} documents), less than one block of "
-                f"block_size={block_size}: lower block_size, or give more documents"
-                + (" or a larger eval_fraction/max_eval_documents." if name == "eval" else ".")
-            )
-    return datasets.DatasetDict(splits)
+    return packed
 
 
 def _split_documents(

@@ -2,9 +2,12 @@
 
 SPEC_JSON holds `output_dir`, `world_size` (asserted inside every worker), `config` (AdLoCoConfig overrides),
 `probe_dir` (where workers write what they observed) and optional `eval`, `resume`, `nan`, `fail`, `kill_in_save`,
+`stream` (train on a PackedStream of local shards, see `streamed_data`),
 `hang_in_save` ([rank, step]: that rank sleeps inside its checkpoint save) and `disk_full` ([rank, step, target]:
 `torch.save` or `save_pretrained` fails there as on a full disk), `kill_in_merged_save` (rank 0 dies inside the
-final `merged/` save, its weights written but the folder not yet renamed into place) settings.
+final `merged/` save, its weights written but the folder not yet renamed into place) settings, `num_samples`,
+`record_passes` (every draw of the map-style sampler, with its pass and step, to `passes-rank{R}.jsonl`) and
+`probe_resume` (right after AdLoCo restored a checkpoint: φ, momentum and AdamW moments to `resume-rank{R}.safetensors`).
 Assertions that need several ranks' tensors run here, inside the workers; the test reads the probe files.
 """
 
@@ -214,6 +217,60 @@ def fill_disk(trainer, model, rank: int, full_rank: int, full_step: int, target:
         model.save_pretrained = failing(model.save_pretrained, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
 
 
+class PassRecorder(TrainerCallback):
+    """Records every draw of the map-style sampler as {step, parts: [[pass, indices], ...]}, flushed per draw so a
+    worker that dies keeps what it drew (the step is the Trainer's before the draw: draws for steps 1..10 are 0..9)."""
+
+    def __init__(self, trainer, path):
+        self.trainer, self.path = trainer, path
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        sampler, trainer = self.trainer.train_sampler, self.trainer
+        draw = sampler.next_batch_by_pass
+
+        def recorded():
+            parts = draw()
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"step": trainer.state.global_step, "parts": parts}) + "\n")
+            return parts
+
+        sampler.next_batch_by_pass = recorded
+
+
+class ResumeProbe(TrainerCallback):
+    """After AdLoCo's own start (a resume applied): this worker's φ, momentum and AdamW moments, in parameter order."""
+
+    def __init__(self, trainer, path):
+        self.trainer, self.path = trainer, path
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        engine, optimizer = self.trainer.worker, self.trainer.optimizer
+        moments = optimizer.state_dict()["state"]
+        tensors = {"phi": engine.global_model.phi.detach().cpu().contiguous()}
+        if engine.global_model.momentum is not None:
+            tensors["momentum"] = engine.global_model.momentum.detach().cpu().contiguous()
+        for key in ("exp_avg", "exp_avg_sq"):
+            tensors[key] = torch.cat([moments[i][key].reshape(-1) for i in sorted(moments)]).contiguous()
+        if engine._rng_to_restore is not None:  # the generators the first inner step will draw from
+            tensors["rng_cpu"] = engine._rng_to_restore["cpu"].contiguous()
+        safetensors.torch.save_file(tensors, self.path)
+
+
+def streamed_data(stream: dict, *, with_eval: bool):
+    """`stream`: {"shards": [JSON-lines files of helpers.write_c4_shards], "documents", "block_size"}: a PackedStream
+    over the shards (word tokenizer: the tiny model's 64-token vocabulary holds up to 46 documents), and with
+    `with_eval` a map-style eval set of the first 4 documents, held out of it."""
+    from helpers import word_tokenizer
+
+    from adloco_hf.data import PackedStream, build_lm_stream, load_document_stream
+
+    documents = load_document_stream("allenai/c4", data_files=stream["shards"])
+    tokenizer = word_tokenizer(num_documents=stream["documents"])
+    if with_eval:
+        return build_lm_stream(documents, tokenizer, block_size=stream["block_size"], eval_documents=4)
+    return PackedStream(documents, tokenizer, block_size=stream["block_size"]), None
+
+
 def record_exit_state(path: str) -> None:
     """Registered before training, so it runs after the library's own exit hook (atexit is last in, first out)."""
     with open(path, "w") as f:
@@ -238,8 +295,11 @@ def main() -> None:
     os.makedirs(os.path.join(probe_dir, "merges"), exist_ok=True)
     spy_on_merges(os.path.join(probe_dir, "merges"), rank)
     atexit.register(record_exit_state, os.path.join(probe_dir, f"exit-rank{rank}.json"))
-    data = sequence_dataset(spec.get("num_samples", 512))
-    eval_data = data.select(range(spec.get("num_eval", 48))) if spec.get("eval") else None
+    if spec.get("stream") is not None:
+        data, eval_data = streamed_data(spec["stream"], with_eval=bool(spec.get("eval")))
+    else:
+        data = sequence_dataset(spec.get("num_samples", 512))
+        eval_data = data.select(range(spec.get("num_eval", 48))) if spec.get("eval") else None
     # Attention dropout makes a resumed run depend on every worker's random generators, not only on its weights.
     dropout = {"attention_dropout": spec["dropout"]} if spec.get("dropout") else {}
     model = tiny_model(hidden_size=48, **dropout) if spec.get("mismatch_rank") == rank else tiny_model(**dropout)
@@ -310,6 +370,10 @@ def main() -> None:
                     os.kill(os.getpid() if target == "self" else os.getppid(), signal.SIGTERM)
 
         trainer.add_callback(Preempt())
+    if spec.get("record_passes"):
+        trainer.add_callback(PassRecorder(trainer, os.path.join(probe_dir, f"passes-rank{rank}.jsonl")))
+    if spec.get("probe_resume"):
+        trainer.add_callback(ResumeProbe(trainer, os.path.join(probe_dir, f"resume-rank{rank}.safetensors")))
     trainer.train(resume_from_checkpoint=spec.get("resume"))
     final = flat_params(trainer.model)
     stacked = gather_params(trainer.model)
