@@ -219,16 +219,22 @@ def _require_text_column(texts: datasets.Dataset) -> None:
         )
 
 
-def _take_documents(
-    stream: datasets.IterableDataset, *, num_documents: int, text_column: str, source: list[Any]
-) -> datasets.Dataset:
-    """Materialise the first documents of a stream into an on-disk `Dataset` (the C4 path and every streamed one)."""
+def _select_text_column(stream: datasets.IterableDataset, text_column: str, source) -> datasets.IterableDataset:
+    """The stream with only `text_column` (checked to exist, from the first document when features are unknown)."""
     columns = stream.column_names
     if columns is None:  # features unknown until read: look at the first document
         first = next(iter(stream.take(1)), None)
         columns = None if first is None else list(first)
     _check_text_column(columns, text_column, source)
     stream = stream.select_columns([text_column])
+    return stream
+
+
+def _take_documents(
+    stream: datasets.IterableDataset, *, num_documents: int, text_column: str, source: list[Any]
+) -> datasets.Dataset:
+    """Materialise the first documents of a stream into an on-disk `Dataset` (the C4 path and every streamed one)."""
+    stream = _select_text_column(stream, text_column, source)
 
     def documents() -> Iterator[dict[str, str]]:
         for example in stream.take(num_documents):

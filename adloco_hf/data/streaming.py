@@ -31,7 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..stream import worker_stream
 from .packing import pack_documents
-from .sources import C4_DATASET, _builder_for_file, _check_text_column
+from .sources import C4_DATASET, _builder_for_file, _check_text_column, _select_text_column
 from .tokenizer import _tokenizer_fingerprint
 
 
@@ -229,12 +229,7 @@ def load_document_stream(
     else:
         kwargs = {"data_files": data_files} if data_files is not None else {}
         stream = datasets.load_dataset(source, split=split, streaming=True, **kwargs)
-    columns = stream.column_names
-    if columns is None:  # features unknown until read: look at the first document
-        first = next(iter(stream.take(1)), None)
-        columns = None if first is None else list(first)
-    _check_text_column(columns, text_column, source)
-    stream = stream.select_columns([text_column])
+    stream = _select_text_column(stream, text_column, source)
     return stream if text_column == "text" else stream.rename_column(text_column, "text")
 
 
