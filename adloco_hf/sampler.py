@@ -12,6 +12,13 @@ from .reshard import bridge, check_world_size
 __all__ = ["AdaptiveBatchSampler", "adaptive_train_loader"]
 
 
+def positive_batch_size(value) -> int:
+    """`value` as an int, refused unless it is a positive integer (a sampler's batch size)."""
+    if int(value) != value or value < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {value}")
+    return int(value)
+
+
 class AdaptiveBatchSampler(Sampler[list[int]]):
     """Yields lists of dataset indices forever; `batch_size` may be changed at any time and applies to the next batch.
 
@@ -76,9 +83,7 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
 
     @batch_size.setter
     def batch_size(self, value: int) -> None:
-        if int(value) != value or value < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {value}")
-        self._batch_size = int(value)
+        self._batch_size = positive_batch_size(value)
 
     def _current_shard(self) -> list[int]:
         if self._shard_epoch != self.epoch:

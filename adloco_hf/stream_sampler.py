@@ -6,6 +6,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from .sampler import positive_batch_size
 from .stream import StreamPart, worker_stream
 
 
@@ -54,9 +55,7 @@ class AdaptiveStreamSampler(IterableDataset):
 
     @batch_size.setter
     def batch_size(self, value: int) -> None:
-        if int(value) != value or value < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {value}")
-        self._batch_size = int(value)
+        self._batch_size = positive_batch_size(value)
 
     def next_batch(self) -> list[Any]:
         """Draw the next `batch_size` examples and advance the position."""
