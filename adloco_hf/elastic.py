@@ -5,11 +5,13 @@ rule a merge uses (`instances.reassign_workers`). A worker that stays in its ins
 state; one that joins an instance (a new rank, or one whose instance changed) takes the state of the instance's old
 first worker (φ is the same on all of them at a round's end). Old ranks keep their random generators, new ones get
 fresh ones. The data
-of a map-style `train_dataset` is re-split from where the old workers stood: within every pass they had started,
-no sample is lost or drawn twice (`reshard.py`, `AdaptiveBatchSampler.reshard_sampler_states`).
+is re-split from where the old workers stood: within every pass they had started, no sample (map-style
+`train_dataset`) or document (a streamed one) is lost or read twice (`reshard.py`,
+`AdaptiveBatchSampler.reshard_sampler_states`, `stream_sampler.reshard_stream_states`).
 
 Refused, with the reason: more instances than workers (merge down first), a checkpoint written inside a round (a
-preemption: each worker's own weights cannot be split or joined), and a streamed `train_dataset` (not re-split yet).
+preemption: each worker's own weights cannot be split or joined), and a user's stream that keeps its own position
+(neither a `datasets.IterableDataset` nor a `PackedStream`).
 """
 
 import os
@@ -21,6 +23,7 @@ import torch
 from .checkpoint import RANK_STATE_VERSION, rank_state_path
 from .instances import Instance, instance_of, reassign_workers
 from .sampler import AdaptiveBatchSampler
+from .stream_sampler import reshard_stream_states
 
 
 __all__ = [
@@ -128,7 +131,7 @@ def check_instances_fit(checkpoint_dir: str, world_size: int) -> None:
     )
 
 
-def elastic_rank_state(checkpoint_dir: str, rank: int, world_size: int, *, streamed: bool = False) -> dict[str, Any]:
+def elastic_rank_state(checkpoint_dir: str, rank: int, world_size: int) -> dict[str, Any]:
     """The resume state of `rank` of `world_size` workers from a checkpoint written by another number of workers,
     in the format `Worker.state_dict` writes, with an `elastic` entry describing the change (`Worker._restore`).
 
@@ -138,12 +141,6 @@ def elastic_rank_state(checkpoint_dir: str, rank: int, world_size: int, *, strea
     first = _load(checkpoint_dir, 0)
     old_world_size = int(first["world_size"])
     name = os.path.basename(os.path.normpath(checkpoint_dir))
-    if streamed or first["sampler"].get("kind") == "stream" or "num_samples" not in first["sampler"]:
-        raise ValueError(
-            f"{name} was written by {old_world_size} workers and this run has {world_size}: a streamed "
-            f"train_dataset cannot be re-split over another number of workers yet; resume with {old_world_size} "
-            "workers (only a map-style train_dataset resumes elastically for now)"
-        )
     states = [first] + [_load(checkpoint_dir, r) for r in range(1, old_world_size)]
     inside = [r for r, state in enumerate(states) if state.get("round") is not None]
     if inside:
@@ -154,9 +151,12 @@ def elastic_rank_state(checkpoint_dir: str, rank: int, world_size: int, *, strea
             f"inner_steps) with {world_size}"
         )
     samplers = [state["sampler"] for state in states]
-    resharded = AdaptiveBatchSampler.reshard_sampler_states(samplers, world_size)
+    if samplers[0].get("kind") == "stream":
+        resharded, shard = reshard_stream_states(samplers, world_size), None  # a stream bounds no request
+    else:
+        resharded = AdaptiveBatchSampler.reshard_sampler_states(samplers, world_size)
+        shard = int(samplers[0]["num_samples"]) // world_size
     instances = [Instance.from_row(row) for row in first["instances"]]
-    shard = int(samplers[0]["num_samples"]) // world_size
     plan = plan_elastic_resume(instances, old_world_size, world_size, max_request=shard)
     source = states[plan.sources[rank]]
     return {

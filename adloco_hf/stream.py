@@ -18,12 +18,15 @@ until iteration starts (the part returns the loaded one until its first pull), a
 (a warning names it: its examples are lost or repeated on resume).
 """
 
+import copy
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import datasets
 from torch.utils.data import IterableDataset
+
+from .reshard import bridge, check_world_size
 
 
 __all__ = ["StreamPart", "is_stream", "worker_stream"]
@@ -41,6 +44,11 @@ def is_stream(dataset: Any) -> bool:
 
 class StreamPart:
     """Worker `rank`'s part of `dataset`, read one example at a time (an explicit iterator: nothing hides state).
+
+    A part reads a list of *pieces*, each one pass's worth of one reader's data: a shard read whole (layout
+    `"shards"`) or every `W`-th example of the whole stream (layout `"stride"`). A regular pass is this rank's pieces
+    for its layout; after an elastic resume (`reshard_states`) a part first reads the pieces the old workers left,
+    then regular passes with the new layout.
 
     Args:
         dataset: a `datasets.IterableDataset`; each of its shards must be readable with
@@ -63,15 +71,12 @@ class StreamPart:
         self.dataset = dataset
         self.rank, self.world_size = rank, world_size
         self.num_shards = int(dataset.num_shards)
-        self.layout = "shards" if self.num_shards >= world_size else "stride"
-        self.epoch = 0
-        self._queue = self._pass_shards()
-        self._rows = 0  # rows read from the shard at the head of the queue
-        self._seen = 0  # stride: examples of the whole stream read this pass, kept or not
-        self._kept_this_pass = 0
+        self.layout = layout_for(self.num_shards, world_size)
+        self.epoch = 0  # the last pass whose pieces this part holds
+        self._pieces = regular_pieces(self.num_shards, rank, world_size, 0)
+        self._kept: int | None = 0  # examples kept in the current regular pass; None while reading a bridge
         self._shard: datasets.IterableDataset | None = None
         self._iterator: Iterator[dict] | None = None
-        self._loaded_inner: dict | None = None  # a loaded shard state, applied when that shard is opened
         if rank == 0 and has_shuffle_buffer(dataset):
             logger.warning(
                 "the training stream shuffles with a buffer (IterableDataset.shuffle): datasets does not restore the "
@@ -79,58 +84,69 @@ class StreamPart:
                 "shards' order instead (data_files order) or shuffle before writing the shards"
             )
 
-    def _pass_shards(self) -> list[int]:
-        if self.layout == "shards":
-            return list(range(self.rank, self.num_shards, self.world_size))
-        return list(range(self.num_shards))
-
     def describe(self) -> str:
         """One line for logs: the layout and the shards this part reads."""
-        shards = self._pass_shards()
-        return f"layout {self.layout}: {len(shards)} of {self.num_shards} shard(s) for rank {self.rank} of {self.world_size}"
+        shards = sum(len(piece["shards"]) for piece in regular_pieces(self.num_shards, self.rank, self.world_size, 0))
+        return (
+            f"layout {self.layout}: {shards} of {self.num_shards} shard(s) for rank {self.rank} of {self.world_size}"
+        )
 
     def _open_head(self) -> None:
-        shard = self.dataset.shard(num_shards=self.num_shards, index=self._queue[0], contiguous=True)
-        if self._loaded_inner is not None:
-            shard.load_state_dict(self._loaded_inner)
-            self._loaded_inner = None
+        head = self._pieces[0]
+        shard = self.dataset.shard(num_shards=self.num_shards, index=head["shards"][0], contiguous=True)
+        known = head["inner"] is not None
+        if known:
+            shard.load_state_dict(head["inner"])
+        head["inner"] = None  # the open shard holds the position from here on
         self._shard, self._iterator = shard, iter(shard)
+        if not known:  # only the rows read are known: read past them again
+            for _ in range(head["rows"]):
+                next(self._iterator)
 
     def next_example(self) -> dict[str, Any]:
-        """The next example of this part, continuing into the next pass at the end of its shards."""
+        """The next example of this part, continuing into the next pass at the end of its pieces."""
         while True:
-            if not self._queue:
-                if self._kept_this_pass == 0:
+            if not self._pieces:
+                if self._kept == 0:
                     raise ValueError(
                         f"rank {self.rank}'s part of the training stream ({self.describe()}) has no example in a "
                         "whole pass: give the stream more documents or shards, or launch fewer workers"
                     )
                 self.epoch += 1
-                self._queue, self._seen, self._kept_this_pass = self._pass_shards(), 0, 0
+                self._pieces = regular_pieces(self.num_shards, self.rank, self.world_size, self.epoch)
+                self._kept = 0
             if self._iterator is None:
                 self._open_head()
+            head = self._pieces[0]
             example = next(self._iterator, None)
             if example is None:
-                self._queue.pop(0)
-                self._rows, self._shard, self._iterator = 0, None, None
+                head["shards"].pop(0)
+                head["rows"], head["inner"], self._shard, self._iterator = 0, None, None, None
+                if not head["shards"]:
+                    self._pieces.pop(0)
                 continue
-            self._rows += 1
-            self._seen += 1
-            if self.layout == "stride" and (self._seen - 1) % self.world_size != self.rank:
+            head["rows"] += 1
+            head["seen"] += 1
+            if (head["seen"] - 1) % head["modulus"] != head["residue"]:
                 continue
-            self._kept_this_pass += 1
+            if self._kept is not None:
+                self._kept += 1
             return example
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         while True:
             yield self.next_example()
 
+    @property
+    def reading_pass(self) -> int:
+        """The pass the example last returned belongs to (before any: the pass about to be read)."""
+        return int(self._pieces[0]["pass"]) if self._pieces else self.epoch + 1
+
     def state_dict(self) -> dict[str, Any]:
         """Where this part stands: exact, so that `load_state_dict` continues with the next example."""
+        pieces = copy.deepcopy(self._pieces)
         if self._shard is not None:
-            inner = self._shard.state_dict()
-        else:
-            inner = self._loaded_inner  # loaded but not yet read: datasets would return a fresh state here
+            pieces[0]["inner"] = self._shard.state_dict()
         return {
             "kind": STATE_KIND,
             "layout": self.layout,
@@ -138,26 +154,117 @@ class StreamPart:
             "world_size": self.world_size,
             "rank": self.rank,
             "epoch": self.epoch,
-            "queue": list(self._queue),
-            "rows": self._rows,
-            "seen": self._seen,
-            "kept": self._kept_this_pass,
-            "inner": inner,
+            "pieces": pieces,
+            "kept": self._kept,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a `state_dict()` of a part of the same stream, rank and number of workers."""
+        """Continue from a `state_dict()` of a part of the same stream, rank and number of workers (or one that
+        `reshard_states` made for them)."""
         for key in ("num_shards", "world_size", "rank"):
             if state[key] != getattr(self, key):
                 raise ValueError(
                     f"the training stream's state was saved with {key}={state[key]}, but this run has "
                     f"{key}={getattr(self, key)}; resume with the same stream (data files) and number of processes"
                 )
+        state = _with_pieces(state)
         self.epoch = int(state["epoch"])
-        self._queue = [int(shard) for shard in state["queue"]]
-        self._rows, self._seen, self._kept_this_pass = int(state["rows"]), int(state["seen"]), int(state["kept"])
+        self._pieces = copy.deepcopy(state["pieces"])
+        self._kept = None if state["kept"] is None else int(state["kept"])
         self._shard = self._iterator = None
-        self._loaded_inner = state["inner"]
+
+    @staticmethod
+    def reshard_states(states: Sequence[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
+        """The states of `world_size` new parts continuing the old parts' `states` (one per old rank, in rank order).
+
+        What the old parts have not read of every pass any of them has started is dealt to the new parts as whole
+        pieces (`reshard.bridge`): a shard partly read continues where it stopped; an old stride piece is read by one
+        new part with the old stride. The new parts then start the next pass with the layout for `world_size`.
+
+        Guarantee: within every pass, each example of the stream is read exactly once by the old and new parts
+        together (none lost, none twice); from the next pass on, the new layout. A new part may get more or fewer
+        pieces than another in the bridge (pieces are dealt whole), and one that gets a stride piece re-reads the
+        whole stream to pick its examples.
+        """
+        if not states:
+            raise ValueError("reshard_states needs the state of every old part, got none")
+        states = [_with_pieces(state) for state in states]
+        first = states[0]
+        for rank, state in enumerate(states):
+            for key, expected in (("kind", STATE_KIND), ("num_shards", first["num_shards"]),
+                                  ("world_size", len(states)), ("rank", rank)):  # fmt: skip
+                if state.get(key) != expected:
+                    raise ValueError(
+                        f"the stream state of old rank {rank} has {key}={state.get(key)!r}, expected {expected!r}: "
+                        "pass the states of every worker of one checkpoint, in rank order"
+                    )
+        num_shards, old_world_size = int(first["num_shards"]), len(states)
+        check_world_size(world_size)
+        last = max(int(state["epoch"]) for state in states)
+        remainders: dict[int, list[dict[str, Any]]] = {}
+        for rank, state in enumerate(states):
+            pieces = copy.deepcopy(state["pieces"])
+            for epoch in range(int(state["epoch"]) + 1, last + 1):
+                pieces += regular_pieces(num_shards, rank, old_world_size, epoch)
+            for piece in pieces:
+                remainders.setdefault(int(piece["pass"]), []).append(piece)
+        for pieces in remainders.values():
+            pieces.sort(key=lambda piece: (piece["shards"], piece["residue"], piece["modulus"]))
+        parts = bridge(remainders, world_size)
+        return [
+            {
+                "kind": STATE_KIND,
+                "layout": layout_for(num_shards, world_size),
+                "num_shards": num_shards,
+                "world_size": world_size,
+                "rank": rank,
+                "epoch": last,
+                "pieces": [piece for _, pieces in part for piece in pieces],
+                "kept": None,  # a bridge: the next regular pass is `last + 1`
+            }
+            for rank, part in enumerate(parts)
+        ]
+
+
+def layout_for(num_shards: int, world_size: int) -> str:
+    """`"shards"` when every worker can read whole shards, `"stride"` otherwise."""
+    return "shards" if num_shards >= world_size else "stride"
+
+
+def regular_pieces(num_shards: int, rank: int, world_size: int, epoch: int) -> list[dict[str, Any]]:
+    """Rank `rank`'s pieces of pass `epoch`: its shards, or one stride piece over the whole stream."""
+    if layout_for(num_shards, world_size) == "shards":
+        return [_piece(epoch, [shard]) for shard in range(rank, num_shards, world_size)]
+    return [_piece(epoch, list(range(num_shards)), modulus=world_size, residue=rank)]
+
+
+def _piece(epoch: int, shards: list[int], *, modulus: int = 1, residue: int = 0) -> dict[str, Any]:
+    """Shards read in order keeping the examples `i % modulus == residue` (`i` counted over the piece); `rows` read
+    of `shards[0]` and its `datasets` state `inner` (None: not opened, or only `rows` known)."""
+    return {
+        "pass": epoch,
+        "shards": shards,
+        "modulus": modulus,
+        "residue": residue,
+        "rows": 0,
+        "seen": 0,
+        "inner": None,
+    }
+
+
+def _with_pieces(state: dict[str, Any]) -> dict[str, Any]:
+    """A state in the pieces format (a state saved before pieces existed held a queue of shards)."""
+    if "pieces" in state:
+        return state
+    epoch, queue = int(state["epoch"]), [int(shard) for shard in state["queue"]]
+    if state["layout"] == "shards":
+        pieces = [_piece(epoch, [shard]) for shard in queue]
+    else:
+        pieces = [_piece(epoch, queue, modulus=int(state["world_size"]), residue=int(state["rank"]))] if queue else []
+    if pieces:
+        pieces[0].update(rows=int(state["rows"]), seen=int(state["seen"]), inner=state["inner"])
+    rest = {key: value for key, value in state.items() if key not in ("queue", "rows", "seen", "inner")}
+    return {**rest, "pieces": pieces}
 
 
 def has_shuffle_buffer(dataset: datasets.IterableDataset) -> bool:

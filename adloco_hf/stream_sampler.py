@@ -1,16 +1,16 @@
 """Batches of any size from a stream: the streamed twin of `sampler.AdaptiveBatchSampler`."""
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
 from .sampler import positive_batch_size
-from .stream import StreamPart, worker_stream
+from .stream import STATE_KIND, StreamPart, worker_stream
 
 
-__all__ = ["AdaptiveStreamSampler", "adaptive_stream_loader", "check_sampler_kind"]
+__all__ = ["AdaptiveStreamSampler", "adaptive_stream_loader", "check_sampler_kind", "reshard_stream_states"]
 
 
 class AdaptiveStreamSampler(IterableDataset):
@@ -91,6 +91,34 @@ class AdaptiveStreamSampler(IterableDataset):
         self.part.load_state_dict(state["stream"])
         self.batch_size = int(state["batch_size"])
         self.samples = int(state["samples"])
+
+
+def reshard_stream_states(states: Sequence[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
+    """The sampler states of `world_size` new workers continuing the old workers' `states` (an elastic resume): the
+    stream re-split by its part's `reshard_states` (`StreamPart`, `PackedPart`); batch sizes and counts carried over
+    (a new rank's batch size is set from its instance's request when the round table is restored)."""
+    kinds = {state["stream"].get("kind") for state in states}
+    if kinds == {STATE_KIND}:
+        streams = StreamPart.reshard_states([state["stream"] for state in states], world_size)
+    elif kinds == {"packed"}:
+        from .data.streaming import PackedPart
+
+        streams = PackedPart.reshard_states([state["stream"] for state in states], world_size)
+    else:
+        raise ValueError(
+            f"the checkpoint's training stream ({', '.join(sorted(map(str, kinds)))}) keeps its own position and "
+            "cannot be re-split over another number of workers: resume with the checkpoint's number of workers, or "
+            "use a datasets.IterableDataset or a PackedStream"
+        )
+    return [
+        {
+            "kind": "stream",
+            "batch_size": int(states[min(rank, len(states) - 1)]["batch_size"]),
+            "samples": int(states[rank]["samples"]) if rank < len(states) else 0,
+            "stream": stream,
+        }
+        for rank, stream in enumerate(streams)
+    ]
 
 
 def adaptive_stream_loader(

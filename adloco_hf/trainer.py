@@ -371,8 +371,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         if written == world_size:
             state = load_rank_state(resume_from_checkpoint, rank)
         else:
-            streamed = is_stream(self.train_dataset)
-            state = elastic_rank_state(resume_from_checkpoint, rank, world_size, streamed=streamed)
+            state = elastic_rank_state(resume_from_checkpoint, rank, world_size)
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         self.worker.load_state_dict(state)
 

@@ -9,6 +9,7 @@ from adloco_hf.checkpoint import save_rank_state
 from adloco_hf.elastic import check_instances_fit, elastic_rank_state, plan_elastic_resume
 from adloco_hf.instances import Instance, initial_instances
 from adloco_hf.sampler import AdaptiveBatchSampler
+from adloco_hf.stream import StreamPart
 
 
 NUM_SAMPLES = 40
@@ -105,14 +106,37 @@ def test_a_checkpoint_written_inside_a_round_is_refused(tmp_path):
         elastic_rank_state(folder, 0, 4)
 
 
-def test_a_streamed_train_dataset_is_refused(tmp_path):
+def test_a_streamed_train_dataset_is_re_split_and_a_user_stream_is_refused(tmp_path):
     folder = write_checkpoint(tmp_path / "checkpoint-10", 2, 1, draws=[2, 2])
-    with pytest.raises(ValueError, match="a streamed train_dataset cannot be re-split over another number of"):
-        elastic_rank_state(folder, 0, 4, streamed=True)
-    state = torch.load(os.path.join(folder, "adloco", "rank-0.pt"))
-    save_rank_state(folder, 0, {**state, "sampler": {"kind": "stream", "batch_size": 2}})
-    with pytest.raises(ValueError, match="resume with 2 workers"):
+    streams = [{"kind": "stream", "batch_size": 2, "samples": 4, "stream": part_state(r, 2)} for r in range(2)]
+    for rank, sampler in enumerate(streams):
+        state = torch.load(os.path.join(folder, "adloco", f"rank-{rank}.pt"))
+        rows = [[row[0], 30, *row[2:]] for row in state["instances"]]  # above a 4-way map-style shard of 40
+        save_rank_state(folder, rank, {**state, "sampler": sampler, "instances": rows})
+    states = [elastic_rank_state(folder, rank, 4) for rank in range(4)]
+    expected = StreamPart.reshard_states([sampler["stream"] for sampler in streams], 4)
+    assert [state["sampler"]["stream"] for state in states] == expected
+    assert [state["sampler"]["samples"] for state in states] == [4, 4, 0, 0]
+    assert [row[1] for row in states[0]["instances"]] == [30]  # a stream bounds no request
+
+    for rank in range(2):
+        state = torch.load(os.path.join(folder, "adloco", f"rank-{rank}.pt"))
+        own = {**streams[rank], "stream": {"position": 7}}  # a user's stream with its own state_dict
+        save_rank_state(folder, rank, {**state, "sampler": own})
+    with pytest.raises(
+        ValueError, match="keeps its own position and cannot be re-split .* resume with the checkpoint"
+    ):
         elastic_rank_state(folder, 0, 4)
+
+
+def part_state(rank, world_size):
+    """The state of a real StreamPart over 4 shard indices (only the state is needed, not the files)."""
+    return {
+        "kind": "datasets-part", "layout": "shards", "num_shards": 4, "world_size": world_size, "rank": rank,
+        "epoch": 0, "kept": 3,
+        "pieces": [{"pass": 0, "shards": [shard], "modulus": 1, "residue": 0, "rows": 0, "seen": 0, "inner": None}
+                   for shard in range(rank, 4, world_size)],
+    }  # fmt: skip
 
 
 def test_more_instances_than_workers_is_refused_with_merge_down_first(tmp_path):

@@ -137,3 +137,92 @@ def test_worker_stream_takes_user_streams_with_state_and_refuses_others(shards):
 
     with pytest.raises(ValueError, match="without state_dict\\(\\)/load_state_dict\\(\\)"):
         worker_stream(NoState(), 0, 2)
+
+
+# ---- an elastic resume: the stream re-split over another number of workers ----
+def read(parts, draws, records):
+    """Pull `draws[r]` examples from part r, recording (pass, document) of each."""
+    for part, n in zip(parts, draws):
+        for _ in range(n):
+            doc = ids([part.next_example()])[0]
+            records.append((part.reading_pass, doc))
+
+
+def finish_bridge(parts, last, records):
+    """Pull from every new part until it leaves the passes up to `last` (its first example of pass last + 1 is
+    not recorded)."""
+    for part in parts:
+        while True:
+            doc = ids([part.next_example()])[0]
+            if part.reading_pass > last:
+                break
+            records.append((part.reading_pass, doc))
+
+
+def reshard(files, parts, world_size):
+    states = StreamPart.reshard_states([part.state_dict() for part in parts], world_size)
+    new = [StreamPart(load(files), rank=rank, world_size=world_size) for rank in range(world_size)]
+    for part, state in zip(new, states):
+        part.load_state_dict(state)
+    return new, max(state["epoch"] for state in states)
+
+
+def assert_every_pass_read_once(records, last, docs):
+    for epoch in range(last + 1):
+        read_in_pass = sorted(doc for e, doc in records if e == epoch)
+        assert read_in_pass == sorted(d.split()[0] for d in docs), f"pass {epoch}"
+
+
+@pytest.mark.parametrize(
+    "num_shards, old, new, draws",
+    [
+        (4, 4, 2, [3, 10, 0, 15]),  # rank 3 is 5 documents into pass 1, rank 2 has read nothing
+        (4, 2, 4, [7, 25]),
+        (4, 3, 5, [4, 12, 30]),  # shards (one rank has 2 files) -> stride (5 workers, 4 files)
+        (2, 3, 2, [2, 7, 12]),  # stride -> shards
+        (2, 3, 4, [9, 0, 5]),  # stride -> stride with another stride
+        (4, 2, 2, [5, 13]),  # the same number: a bridge as well (what an elastic resume of 2 → 2 would do)
+    ],
+)
+def test_a_re_split_stream_reads_every_document_of_each_started_pass_once(tmp_path, num_shards, old, new, draws):
+    files, docs = write_c4_shards(tmp_path, num_shards, 40 // num_shards)
+    parts = [StreamPart(load(files), rank=rank, world_size=old) for rank in range(old)]
+    records = []
+    read(parts, draws, records)
+    buffer = io.BytesIO()
+    torch.save([part.state_dict() for part in parts], buffer)  # the states a checkpoint holds
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    states = StreamPart.reshard_states(saved, new)
+    assert [(s["rank"], s["world_size"]) for s in states] == [(r, new) for r in range(new)]
+    resumed = [StreamPart(load(files), rank=rank, world_size=new) for rank in range(new)]
+    for part, state in zip(resumed, states):
+        part.load_state_dict(state)
+    last = max(state["epoch"] for state in states)
+    assert last == max(part.epoch for part in parts)
+    finish_bridge(resumed, last, records)
+    assert_every_pass_read_once(records, last, docs)
+    # After the bridge: the new layout, pass last + 1 split between the new parts without overlap.
+    fresh = [StreamPart(load(files), rank=rank, world_size=new) for rank in range(new)]
+    assert [part.describe() for part in resumed] == [part.describe() for part in fresh]
+
+
+def test_a_nested_re_split_and_a_resume_inside_the_bridge_stay_exact(tmp_path):
+    files, docs = write_c4_shards(tmp_path, 4, 10)
+    parts = [StreamPart(load(files), rank=rank, world_size=4) for rank in range(4)]
+    records = []
+    read(parts, [3, 10, 0, 15], records)
+    parts, _ = reshard(files, parts, 2)  # 4 -> 2
+    read(parts, [4, 2], records)  # inside the bridge
+    resumed = []
+    for part in parts:  # a checkpoint inside the bridge, resumed with the same 2 workers
+        copy = StreamPart(load(files), rank=part.rank, world_size=2)
+        copy.load_state_dict(part.state_dict())
+        resumed.append(copy)
+    uninterrupted = [pull(part, 6) for part in parts]
+    read(resumed, [6, 6], records)
+    assert [doc for _, doc in records[-12:]] == uninterrupted[0] + uninterrupted[1]
+    parts, last = reshard(files, resumed, 3)  # 2 -> 3, while still in the first bridge
+    assert last == 1
+    finish_bridge(parts, last, records)
+    assert_every_pass_read_once(records, last, docs)

@@ -8,6 +8,7 @@ from helpers import word_tokenizer, write_c4_shards
 
 from adloco_hf.data import PackedStream, build_lm_stream, load_document_stream
 from adloco_hf.data.packing import pack_documents
+from adloco_hf.data.streaming import PackedPart
 
 
 BLOCK = 16
@@ -121,3 +122,33 @@ def test_a_tokenizer_without_eos_is_refused(shards):
     tokenizer.eos_token = None
     with pytest.raises(ValueError, match="tokenizer has no eos_token"):
         PackedStream(load_document_stream("c4", data_files=files), tokenizer, block_size=BLOCK)
+
+
+@pytest.mark.parametrize("old, new, draws", [(4, 2, [1, 4, 0, 9]), (2, 4, [3, 11]), (3, 2, [2, 0, 5])])
+def test_a_re_split_packed_stream_trains_every_token_of_each_started_pass_once(shards, tokenizer, old, new, draws):
+    files, docs = shards
+    stream = PackedStream(load_document_stream("allenai/c4", data_files=files), tokenizer, block_size=BLOCK,
+                          tokenize_documents=1)  # fmt: skip
+    parts = [stream.split_by_node(rank, old) for rank in range(old)]
+    emitted = [block for part, n in zip(parts, draws) for block in blocks(part, n)]
+    states = PackedPart.reshard_states([part.state_dict() for part in parts], new)
+    for rank, state in enumerate(states):  # old rank r's carry goes to new rank r % new, in old-rank order
+        carries = [parts[r].state_dict()["carry"] for r in range(old) if r % new == rank]
+        assert torch.equal(state["carry"], torch.cat(carries) if carries else torch.empty(0, dtype=torch.int32))
+    last = max(state["source"]["epoch"] for state in states)
+    for rank, state in enumerate(states):
+        part = stream.split_by_node(rank, new)
+        part.load_state_dict(state)
+        mine = []
+        while part.source.reading_pass <= last:  # the bridge: what the old workers left of passes 0..last
+            mine.append(part.next_example()["input_ids"])
+        # The last document read is the first of pass last + 1 under the new layout (the bridge may hold the same
+        # document, of an earlier pass): its tokens are not the bridge's.
+        tail = torch.cat([*mine, part.state_dict()["carry"].long()]).tolist()
+        if mine:
+            first_of_next = stream.split_by_node(rank, new).source.next_example()["text"].split()[0]
+            cut = tokenizer.convert_tokens_to_ids(first_of_next)
+            tail = tail[: len(tail) - 1 - tail[::-1].index(cut)]
+        emitted.append(torch.tensor(tail, dtype=torch.long))
+    trained = sorted(sentinels(tokenizer, emitted))
+    assert trained == sorted([d.split()[0] for d in docs] * (last + 1))

@@ -20,6 +20,7 @@ hash of their text, since `.skip()` before a split by file would drop the wrong 
 import glob
 import hashlib
 import os
+from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
@@ -29,7 +30,7 @@ import torch
 from torch.utils.data import IterableDataset
 from transformers import PreTrainedTokenizerBase
 
-from ..stream import worker_stream
+from ..stream import STATE_KIND, StreamPart, worker_stream
 from .packing import pack_documents
 from .sources import C4_DATASET, _builder_for_file, _check_text_column, _select_text_column
 from .tokenizer import _tokenizer_fingerprint
@@ -170,6 +171,45 @@ class PackedPart:
             "carry": torch.from_numpy(self._tokens[self._offset :].copy()),
             "source": self.source.state_dict(),
         }
+
+    @staticmethod
+    def reshard_states(states: Sequence[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
+        """The states of `world_size` new parts continuing the old parts' `states` (one per old rank, in rank order).
+
+        The documents are re-split by `StreamPart.reshard_states`; old rank `r`'s carry (tokens it tokenised but has
+        not emitted) goes to new rank `r % world_size`, after the carries of lower old ranks. So every token an old
+        part tokenised is emitted once, and every document of a started pass is read once.
+        """
+        if not states:
+            raise ValueError("reshard_states needs the state of every old part, got none")
+        first = states[0]
+        for rank, state in enumerate(states):
+            for key in ("kind", "block_size", "tokenizer"):
+                if state.get(key) != first.get(key):
+                    raise ValueError(
+                        f"the packed stream state of old rank {rank} has another {key} ({state.get(key)!r}) than "
+                        f"rank 0's ({first.get(key)!r}): pass the states of every worker of one checkpoint"
+                    )
+        sources = [state["source"] for state in states]
+        if any(source.get("kind") != STATE_KIND for source in sources):
+            raise ValueError(
+                "the packed stream's documents are not a datasets stream (a user's stream keeps its own position): "
+                "it cannot be re-split over another number of workers; resume with the checkpoint's number of workers"
+            )
+        resharded = StreamPart.reshard_states(sources, world_size)
+        new_states = []
+        for rank, source in enumerate(resharded):
+            mine = [old for old in range(len(states)) if old % world_size == rank]
+            carries = [states[old]["carry"].to(torch.int32) for old in mine]
+            new_states.append({
+                "kind": "packed",
+                "block_size": first["block_size"],
+                "tokenizer": first["tokenizer"],
+                "blocks": sum(int(states[old]["blocks"]) for old in mine),
+                "carry": torch.cat(carries) if carries else torch.empty(0, dtype=torch.int32),
+                "source": source,
+            })  # fmt: skip
+        return new_states
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a `state_dict()` taken with the same block size and tokenizer."""

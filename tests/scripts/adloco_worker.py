@@ -6,7 +6,8 @@ SPEC_JSON holds `output_dir`, `world_size` (asserted inside every worker), `conf
 `hang_in_save` ([rank, step]: that rank sleeps inside its checkpoint save) and `disk_full` ([rank, step, target]:
 `torch.save` or `save_pretrained` fails there as on a full disk), `kill_in_merged_save` (rank 0 dies inside the
 final `merged/` save, its weights written but the folder not yet renamed into place) settings, `num_samples`,
-`record_passes` (every draw of the map-style sampler, with its pass and step, to `passes-rank{R}.jsonl`) and
+`record_passes` (every draw of the map-style sampler, with its pass and step, to `passes-rank{R}.jsonl`),
+`record_documents` (every document a streamed worker tokenises, with its pass and step, to `documents-rank{R}.jsonl`) and
 `probe_resume` (right after AdLoCo restored a checkpoint: φ, momentum and AdamW moments to `resume-rank{R}.safetensors`).
 Assertions that need several ranks' tensors run here, inside the workers; the test reads the probe files.
 """
@@ -237,6 +238,31 @@ class PassRecorder(TrainerCallback):
         sampler.next_batch_by_pass = recorded
 
 
+class DocumentRecorder(TrainerCallback):
+    """Records every document a streamed worker reads as {step, pass, doc} (its sentinel word), flushed per document
+    (the step is the Trainer's before the draw, as `PassRecorder`'s)."""
+
+    def __init__(self, trainer, path):
+        self.trainer, self.path = trainer, path
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        source, trainer = self.trainer.train_sampler.part.source, self.trainer
+        read = source.next_example
+
+        def recorded():
+            example = read()
+            record = {
+                "step": trainer.state.global_step,
+                "pass": source.reading_pass,
+                "doc": example["text"].split()[0],
+            }
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            return example
+
+        source.next_example = recorded
+
+
 class ResumeProbe(TrainerCallback):
     """After AdLoCo's own start (a resume applied): this worker's φ, momentum and AdamW moments, in parameter order."""
 
@@ -372,6 +398,8 @@ def main() -> None:
         trainer.add_callback(Preempt())
     if spec.get("record_passes"):
         trainer.add_callback(PassRecorder(trainer, os.path.join(probe_dir, f"passes-rank{rank}.jsonl")))
+    if spec.get("record_documents"):
+        trainer.add_callback(DocumentRecorder(trainer, os.path.join(probe_dir, f"documents-rank{rank}.jsonl")))
     if spec.get("probe_resume"):
         trainer.add_callback(ResumeProbe(trainer, os.path.join(probe_dir, f"resume-rank{rank}.safetensors")))
     trainer.train(resume_from_checkpoint=spec.get("resume"))
