@@ -58,3 +58,26 @@ def test_auto_max_batch_on_cuda_fits_and_follows_the_memory_budget(tmp_path):
     print(f"auto max_batch_size on {torch.cuda.get_device_name()}: {large} (90% of free memory), {small} (2%)")
     assert large >= 1 and small >= 1
     assert large > small
+
+
+def test_the_probe_step_runs_on_a_stream_without_drawing_training_data(tmp_path):
+    """What max_batch_size='auto' runs on CUDA, on a streamed train_dataset: real blocks from a fresh part of the
+    stream through forward and backward, the training position untouched."""
+    from helpers import word_tokenizer, write_c4_shards
+
+    from adloco_hf.data import PackedStream, load_document_stream
+
+    files, _ = write_c4_shards(tmp_path / "shards", 2, 10)
+    stream = PackedStream(load_document_stream("allenai/c4", data_files=files), word_tokenizer(), block_size=16)
+    args = AdLoCoConfig(
+        output_dir=str(tmp_path / "out"), max_steps=2, inner_steps=1, use_cpu=True, report_to=[], save_strategy="no"
+    )
+    trainer = AdLoCoTrainer(model=tiny_model(vocab_size=1100), args=args, train_dataset=stream)
+    trainer.train()
+    before = trainer.train_sampler.state_dict()
+    trainer.run_probe_step(5)
+    after = trainer.train_sampler.state_dict()
+    assert after["samples"] == before["samples"] == 2 * args.per_device_train_batch_size
+    assert torch.equal(after["stream"]["carry"], before["stream"]["carry"])
+    assert after["stream"]["source"] == before["stream"]["source"]
+    assert all(p.grad is None for p in trainer.model.parameters())
