@@ -79,7 +79,9 @@ def test_streamed_stop_and_resume_ends_with_the_same_merged_model(tmp_path, stop
 
     reports = [json.load(open(tmp_path / "p2" / f"report-rank{rank}.json")) for rank in range(2)]
     assert [r["world_size"] for r in reports] == [2, 2]
-    assert (merged_params(part) - merged_params(full)).abs().max().item() <= 1e-6
+    gap = (merged_params(part) - merged_params(full)).abs().max().item()
+    print(f"streamed stop/resume: max |merged - uninterrupted merged| = {gap:.3g}")
+    assert gap <= 1e-6
     full_rounds = comparable(full)
     assert comparable(part) == full_rounds
     assert any(line["merged_from"] for line in full_rounds if line["outer_step"] == 4)  # merged after the resume
