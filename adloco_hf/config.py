@@ -23,6 +23,7 @@ __all__ = ["AdLoCoConfig"]
 MERGE_POLICIES = ("smallest_pair", "largest_smallest")
 MERGE_TRANSPORTS = ("all_reduce", "point_to_point")  # the same as merging.MERGE_TRANSPORTS (config imports no torch)
 MERGE_BATCH_RULES = ("preserve_total", "paper")  # the same as instances.MERGE_BATCH_RULES (config imports no torch)
+INNER_STEPS_RULES = ("fixed", "outer_noise")
 INSTANCE_INITS = ("shared", "independent")
 PSEUDO_GRAD_DTYPES = ("float32", "bfloat16", "float16")
 OUTER_STATE_DEVICES = ("device", "cpu")
@@ -157,6 +158,16 @@ class AdLoCoConfig(TrainingArguments):
             `"paper"`: a merged instance keeps its per-worker request while gaining workers (its total grows);
             `"preserve_total"`: every instance keeps its total batch across a merge (per-worker ⌈total / workers⌉),
             and demand and merge weights count the samples actually processed in the round.
+        inner_steps_rule (`str`, *optional*, defaults to `"fixed"`):
+            `"fixed"`: every round has `inner_steps` inner steps; `"outer_noise"`: the next round has twice as many
+            (up to `max_inner_steps`) when the workers' pseudo-gradients agreed: their variance over M ‖Δ̄‖² (the
+            rounds file's `outer_noise`, averaged over instances by workers) is at most `outer_noise_theta²`. Round
+            ends stay at multiples of the round's H, so `save_steps`/`eval_steps` must be multiples of
+            `max_inner_steps`. Needs blocking outer steps (not `outer_overlap`).
+        max_inner_steps (`int`, *optional*):
+            The largest H of `inner_steps_rule="outer_noise"`: `inner_steps` × a power of 2 (e.g. 4 × inner_steps).
+        outer_noise_theta (`float`, *optional*, defaults to `0.5`):
+            See `inner_steps_rule`.
         switch_threshold (`float`, *optional*, defaults to `2.0`):
             γ ≥ 1 of switch mode: gradient accumulation starts once the request exceeds γ × `max_batch_size`;
             between `max_batch_size` and that, the request is capped at `max_batch_size`.
@@ -296,6 +307,19 @@ class AdLoCoConfig(TrainingArguments):
         default="preserve_total",
         metadata={"help": "Per-worker request after a merge.", "choices": list(MERGE_BATCH_RULES)},
     )
+    inner_steps_rule: str = field(
+        default="fixed",
+        metadata={
+            "help": "fixed, or outer_noise (double H up to max_inner_steps while the workers' pseudo-gradients agree).",
+            "choices": list(INNER_STEPS_RULES),
+        },
+    )
+    max_inner_steps: int | None = field(
+        default=None, metadata={"help": "Largest H of inner_steps_rule='outer_noise' (inner_steps × 2^k)."}
+    )
+    outer_noise_theta: float = field(
+        default=0.5, metadata={"help": "H doubles while the outer noise is at most this squared."}
+    )
     switch_threshold: float = field(default=2.0, metadata={"help": "γ of switch mode (≥ 1)."})
     lr_batch_scaling: str = field(
         default="none",
@@ -334,8 +358,8 @@ class AdLoCoConfig(TrainingArguments):
     )
 
     def __post_init__(self):
-        if self.eval_steps is None:
-            self.eval_steps = self.inner_steps
+        if self.eval_steps is None:  # every round (with a growing H, every longest round)
+            self.eval_steps = self.max_inner_steps if self.inner_steps_rule == "outer_noise" else self.inner_steps
         if isinstance(self.max_batch_size, str) and self.max_batch_size.strip().isdigit():
             self.max_batch_size = int(self.max_batch_size)
         self._validate_adloco()
@@ -374,6 +398,7 @@ class AdLoCoConfig(TrainingArguments):
             "batch_size_target": BATCH_SIZE_TARGETS,
             "merge_batch_rule": MERGE_BATCH_RULES,
             "lr_batch_scaling": LR_SCALING_RULES,
+            "inner_steps_rule": INNER_STEPS_RULES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -420,6 +445,7 @@ class AdLoCoConfig(TrainingArguments):
             raise ValueError(f"batch_size_floor={self.batch_size_floor}: set an integer >= 1, or None.")
         if not self.noise_scale_multiple > 0:
             raise ValueError(f"noise_scale_multiple={self.noise_scale_multiple}: set a value > 0 (e.g. 1.0).")
+        self._validate_inner_steps_rule()
         if self.num_instances < 1:
             raise ValueError(f"num_instances={self.num_instances}: set an integer >= 1.")
         if self.merge_every < 0:
@@ -463,6 +489,29 @@ class AdLoCoConfig(TrainingArguments):
                 "Set it to False and pick a checkpoint from the eval logs if needed."
             )
 
+    def _validate_inner_steps_rule(self) -> None:
+        if self.inner_steps_rule == "fixed":
+            if self.max_inner_steps is not None:
+                raise ValueError(
+                    f"max_inner_steps={self.max_inner_steps} has no effect with inner_steps_rule='fixed': set "
+                    "inner_steps_rule='outer_noise' or leave max_inner_steps unset."
+                )
+            return
+        h, largest = self.inner_steps, self.max_inner_steps
+        if largest is None or largest <= h or largest % h or (largest // h) & (largest // h - 1):
+            example = 4 * h
+            raise ValueError(
+                f"inner_steps_rule='outer_noise' doubles H from inner_steps={h}: set max_inner_steps to inner_steps "
+                f"× a power of 2 above 1 (e.g. max_inner_steps={example}), got {largest}."
+            )
+        if not self.outer_noise_theta > 0:
+            raise ValueError(f"outer_noise_theta={self.outer_noise_theta}: set a value > 0 (e.g. 0.5).")
+        if self.outer_overlap:
+            raise ValueError(
+                "inner_steps_rule='outer_noise' measures the workers' pseudo-gradients against their average, which "
+                "outer_overlap=True only has a round later: set outer_overlap=False or inner_steps_rule='fixed'."
+            )
+
     def _validate_schedule(self) -> None:
         """Checks on save/eval schedules, after TrainingArguments normalised the strategies."""
         for kind, strategy, steps in (
@@ -480,6 +529,13 @@ class AdLoCoConfig(TrainingArguments):
                 raise ValueError(
                     f"{kind}_steps={steps} is not a multiple of inner_steps={self.inner_steps}: workers only agree "
                     f"at the end of a round. Set {kind}_steps to k × {self.inner_steps} (e.g. {self.inner_steps})."
+                )
+            largest = self.max_inner_steps
+            if self.inner_steps_rule == "outer_noise" and int(steps) % largest != 0:
+                raise ValueError(
+                    f"{kind}_steps={steps} is not a multiple of max_inner_steps={largest}: with "
+                    f"inner_steps_rule='outer_noise' a round may last up to {largest} steps and workers only agree "
+                    f"at its end. Set {kind}_steps to k × {largest} (e.g. {largest})."
                 )
 
     @property
@@ -515,6 +571,9 @@ class AdLoCoConfig(TrainingArguments):
             "batch_size_target",
             "noise_scale_multiple",
             "merge_batch_rule",
+            "inner_steps_rule",
+            "max_inner_steps",
+            "outer_noise_theta",
             "switch_threshold",
             "lr_batch_scaling",
             "per_device_train_batch_size",

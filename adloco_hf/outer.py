@@ -38,6 +38,7 @@ class OuterStepResult:
     seconds: float  # spent in the outer step (overlapped: mostly waiting for the previous round's average)
     skipped: bool  # the average was not finite: φ unchanged
     local_finite: bool = True  # this worker's own Δ was finite (overlapped: a non-finite one is not applied)
+    local_sq_norm: float = math.nan  # ‖Δ_w‖² of this worker's own Δ before the average (blocking steps only)
 
 
 class GlobalModel:
@@ -183,6 +184,7 @@ class GlobalModel:
         for grad_view, view, p in zip(self.grad_views, self.views, self.params):
             grad_view.copy_(p.detach())
             grad_view.neg_().add_(view)
+        local_sq = float(torch.dot(delta, delta))
         if num_workers > 1:
             self.reduce.start(delta, group, num_workers, out=delta).wait()
         norm = float(torch.linalg.vector_norm(delta))
@@ -191,7 +193,7 @@ class GlobalModel:
             self.optimizer.step()
         self.copy_to_params()
         payload = self.reduce.payload_bytes(self.numel, num_workers)
-        return OuterStepResult(norm, payload, time.perf_counter() - start, skipped)
+        return OuterStepResult(norm, payload, time.perf_counter() - start, skipped, local_sq_norm=local_sq)
 
     def _flat_params(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1).to(self.device, torch.float32) for p in self.params])

@@ -56,6 +56,7 @@ class WorkerReport:
     outer_seconds: float
     skipped: bool
     preempt: bool = False  # this worker got SIGTERM/SIGINT, or agreed to stop at this round's end
+    local_sq_norm: float = math.nan  # ‖Δ_w‖² of this worker's own pseudo-gradient (nan: not measured)
 
     _SCALARS = (
         "loss_sum",
@@ -68,6 +69,7 @@ class WorkerReport:
         "outer_seconds",
         "skipped",
         "preempt",
+        "local_sq_norm",
     )
 
     def to_row(self) -> list[float]:
@@ -92,6 +94,7 @@ class WorkerReport:
             outer_seconds=values["outer_seconds"],
             skipped=bool(values["skipped"]),
             preempt=bool(values["preempt"]),
+            local_sq_norm=values["local_sq_norm"],
         )
 
 
@@ -120,6 +123,11 @@ class RoundRules:
     batch_size_target: str = "test"
     noise_scale_multiple: float = 1.0
     merge_batch_rule: str = "paper"
+    # How many inner steps the next round has (`inner_steps_rule`): fixed, or doubled up to max_inner_steps while the
+    # workers' pseudo-gradients agree (outer noise ≤ outer_noise_theta²).
+    inner_steps_rule: str = "fixed"
+    max_inner_steps: int | None = None
+    outer_noise_theta: float = 0.5
 
     @property
     def controller(self) -> ControllerRules:
@@ -165,6 +173,9 @@ class RoundRules:
             batch_size_target=args.batch_size_target,
             noise_scale_multiple=args.noise_scale_multiple,
             merge_batch_rule=args.merge_batch_rule,
+            inner_steps_rule=args.inner_steps_rule,
+            max_inner_steps=args.max_inner_steps,
+            outer_noise_theta=args.outer_noise_theta,
         )
 
 
@@ -199,6 +210,8 @@ class RoundLine:
     merge_bytes: int | None = None  # the merge's bytes, on the survivor's line only
     merge_seconds: float = 0.0
     noise_scale: float | None = None  # tr Σ / ‖∇F‖² from the controller's averages (None while ‖∇F‖² ≤ 0)
+    inner_steps: int = 0  # the inner steps this round ran (H; the first round after H doubled may run fewer)
+    outer_noise: float | None = None  # the workers' pseudo-gradients' variance / (M ‖Δ̄‖²) (None: one worker, overlap)
     num_instances: int = 0
     total_tokens: int = 0
     elapsed_seconds: float = 0.0
@@ -225,6 +238,7 @@ class RoundDecision:
     merge: MergePlan | None
     warnings: list[str] = field(default_factory=list)  # merges of instances that made no progress (`health.py`)
     failure: str | None = None  # why the run stops: an instance skipped more than max_skipped_rounds in a row
+    next_inner_steps: int | None = None  # the next round's inner steps (None: unchanged)
 
 
 def _line(
@@ -272,6 +286,7 @@ def decide_round(
     outer_step: int,
     global_step: int,
     rules: RoundRules,
+    inner_steps: int | None = None,
 ) -> RoundDecision:
     """Every instance's next request and round line, and the merge if one is due (pure; the same on every rank).
 
@@ -281,6 +296,7 @@ def decide_round(
         outer_step: the 1-based number of the round that just ended.
         global_step: the Trainer's step at its end.
         rules: the settings the decision depends on.
+        inner_steps: the round's inner steps H (for its lines and `next_inner_steps`; None: not tracked).
 
     A skipped round (a non-finite pseudo-gradient on any worker of the instance) keeps the instance's request and
     counts towards its rounds skipped in a row; more than `rules.max_skipped_rounds` of them is the decision's
@@ -303,6 +319,7 @@ def decide_round(
         line.noise_scale = scale if math.isfinite(scale) else None
         decided.append(inst.after_round(next_batch, skipped=line.skipped, noise=estimate))
         line.skipped_in_a_row = decided[-1].skipped_in_a_row
+        line.outer_noise = outer_noise([m.local_sq_norm for m in members], line.pseudo_grad_norm)
         lines[inst.id] = line
     losses = {rank: report.loss_sum for rank, report in enumerate(reports)}
     failure = skipped_rounds_failure(
@@ -321,7 +338,44 @@ def decide_round(
         warnings = merge_warnings(merge, outer_step=outer_step)
         decided = list(merge.after)
         lines[merge.survivor].merged_from = [merge.merged]
-    return RoundDecision(lines=lines, instances=decided, merge=merge, warnings=warnings, failure=failure)
+    next_inner_steps = (
+        None if inner_steps is None else next_round_inner_steps(list(lines.values()), inner_steps, rules)
+    )
+    return RoundDecision(
+        lines=lines,
+        instances=decided,
+        merge=merge,
+        warnings=warnings,
+        failure=failure,
+        next_inner_steps=next_inner_steps,
+    )
+
+
+def outer_noise(local_sq_norms: list[float], mean_norm: float) -> float | None:
+    """The relative noise of an instance's averaged pseudo-gradient, from its M workers' own squared norms ‖Δ_w‖²
+    and the norm of their average Δ̄: the unbiased variance across workers, Σ_w ‖Δ_w − Δ̄‖² / (M − 1)
+    = M (mean ‖Δ_w‖² − ‖Δ̄‖²) / (M − 1), over M ‖Δ̄‖². Small: the workers agree, a round could run longer. None with
+    one worker, without the workers' norms (overlapped outer steps) or a zero or non-finite average."""
+    m = len(local_sq_norms)
+    mean_sq = mean_norm**2
+    if m < 2 or not all(math.isfinite(x) for x in local_sq_norms) or not math.isfinite(mean_sq) or mean_sq <= 0:
+        return None
+    return (sum(local_sq_norms) / m - mean_sq) / ((m - 1) * mean_sq)
+
+
+def next_round_inner_steps(lines: list[RoundLine], inner_steps: int, rules: RoundRules) -> int:
+    """`inner_steps_rule="outer_noise"`: the next round runs twice the inner steps (up to `max_inner_steps`) when
+    the workers' pseudo-gradients agreed this round: the workers-weighted mean of the instances' outer noise is at
+    most `outer_noise_theta²`; otherwise, or with a skipped round or no measurement, the same. H never shrinks."""
+    if rules.inner_steps_rule != "outer_noise" or rules.max_inner_steps is None:
+        return inner_steps
+    measured = [(len(line.workers), line.outer_noise) for line in lines if line.outer_noise is not None]
+    if not measured or any(line.skipped for line in lines):
+        return inner_steps
+    noise = sum(m * value for m, value in measured) / sum(m for m, _ in measured)
+    if noise <= rules.outer_noise_theta**2:
+        return min(2 * inner_steps, rules.max_inner_steps)
+    return inner_steps
 
 
 @dataclass
@@ -444,6 +498,8 @@ def round_logs(lines: list[RoundLine], state: AdLoCoState, instances: list[Insta
         logs[f"{prefix}/next_batch_size"] = line.next_batch_size
         if line.train_loss is not None and math.isfinite(line.train_loss):
             logs[f"{prefix}/train_loss"] = line.train_loss
+        if line.outer_noise is not None:
+            logs[f"{prefix}/outer_noise"] = line.outer_noise
     return logs
 
 

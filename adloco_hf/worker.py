@@ -102,6 +102,7 @@ class Worker:
         self.plan: BatchPlan | None = None
         self.outer_step = 0
         self.last_synced_step = 0
+        self.inner_steps = args.inner_steps  # this round's H (grows with inner_steps_rule="outer_noise")
         self.final_merged = False
         self.totals = RunTotals()
         self._tally = RoundTally()
@@ -215,14 +216,15 @@ class Worker:
 
     # ---- inner steps ----
     def is_round_end(self, step: int) -> bool:
-        """Whether the round ends after `step` inner steps (the last round may be cut short by max_steps)."""
-        return step % self.args.inner_steps == 0 or step >= self.max_steps
+        """Whether the round ends after `step` inner steps: at every multiple of the round's H (which divides
+        `max_inner_steps`, and so every save and evaluation step), or at max_steps (the last round may be short)."""
+        return step % self.inner_steps == 0 or step >= self.max_steps
 
     def steps_to_round_end(self, step: int) -> int:
         """Inner steps from `step` to the end of its round (0 at a round's end)."""
         if step == self.last_synced_step:
             return 0
-        next_end = min(-(-step // self.args.inner_steps) * self.args.inner_steps, self.max_steps)
+        next_end = min(-(-step // self.inner_steps) * self.inner_steps, self.max_steps)
         return next_end - step
 
     def plan_step(self, step: int, batch: int) -> StepPlan:
@@ -302,11 +304,17 @@ class Worker:
             outer_seconds=time.perf_counter() - started,
             skipped=result.skipped,
             preempt=self.preemption.requested,
+            local_sq_norm=result.local_sq_norm,
         )
         rows = self.monitor.gather_rows(report.to_row(), f"{where}, reports", self.resume_hint)
         reports = [WorkerReport.from_row(row) for row in rows]
         decision = decide_round(
-            self.instances, reports, outer_step=self.outer_step, global_step=global_step, rules=self.rules
+            self.instances,
+            reports,
+            outer_step=self.outer_step,
+            global_step=global_step,
+            rules=self.rules,
+            inner_steps=self.inner_steps,
         )
         merge = None
         if decision.merge is not None:
@@ -319,6 +327,8 @@ class Worker:
         if merge is not None:
             self._refresh_groups()
         lines = [decision.lines[i] for i in sorted(decision.lines)]
+        for line in lines:
+            line.inner_steps = global_step - self.last_synced_step
         self.totals.tokens += int(sum(r.tokens for r in reports))
         self.totals.comm_bytes += sum(line.comm_bytes for line in lines)
         self.totals.skipped_rounds += sum(1 for line in lines if line.skipped)
@@ -332,6 +342,15 @@ class Worker:
         self._apply_plan()
         self._tally = RoundTally()
         self.last_synced_step = global_step
+        if decision.next_inner_steps != self.inner_steps and decision.next_inner_steps is not None:
+            if self.rank == 0:
+                logger.info(
+                    "inner steps per round: %d -> %d (the workers' pseudo-gradients agree: outer noise %s)",
+                    self.inner_steps,
+                    decision.next_inner_steps,
+                    ", ".join(f"{line.outer_noise:.3g}" for line in lines if line.outer_noise is not None),
+                )
+            self.inner_steps = decision.next_inner_steps
         if self.rank == 0:
             self.run_log.write_rounds([line.to_json() for line in lines])
             message = round_message(lines, len(self.instances), None if merge is None else merge.plan)
@@ -429,6 +448,7 @@ class Worker:
             "rank": self.rank,
             "outer_step": self.outer_step,
             "last_synced_step": self.last_synced_step,
+            "inner_steps": self.inner_steps,
             "instances": [i.to_row() for i in self.instances],
             "max_batch_size": self.max_batch_size,
             "base_lrs": self._base_lrs,
@@ -452,6 +472,7 @@ class Worker:
         check_sampler_kind(state["sampler"], self._sampler)  # a stream's position cannot restore a map-style run
         self.outer_step = int(state["outer_step"])
         self.last_synced_step = int(state["last_synced_step"])
+        self.inner_steps = int(state.get("inner_steps", self.args.inner_steps))  # older checkpoints: fixed H
         self.max_batch_size = int(state["max_batch_size"])
         # The scheduler was loaded from rank 0's files, scaled for rank 0's batch: start again from the unscaled rates.
         self._base_lrs = list(state.get("base_lrs") or self._base_lrs)

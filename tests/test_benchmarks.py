@@ -237,6 +237,11 @@ VARIANTS = {
     ),
     "adloco_sqrt_adam": ("adloco_paper", {"lr_batch_scaling": "sqrt_adam"}),
     "adloco_adam_noise": ("adloco", {"noise_preconditioner": "adam"}),
+    "adloco_grow_h": (
+        "adloco",
+        {"inner_steps_rule": "outer_noise", "max_inner_steps_factor": 4, "outer_noise_theta": 0.8},
+    ),
+    "diloco_grow_h": ("diloco", {"inner_steps_rule": "outer_noise", "max_inner_steps_factor": 4}),
 }
 
 
@@ -267,6 +272,9 @@ def test_compression_and_overlap_variants_change_only_their_settings_and_make_a_
         assert config.pseudo_grad_compression == changed.get("pseudo_grad_compression", "none")
         assert config.outer_overlap is changed.get("outer_overlap", False)
         assert config.compression_block_size == 256
+        if "max_inner_steps_factor" in changed:  # the cap follows inner_steps; evaluations stay at round ends
+            assert config.max_inner_steps == 4 * config.inner_steps
+            assert config.eval_steps % config.max_inner_steps == 0
     # The shared block size reaches every method, and AdLoCoConfig refuses a bad one.
     settings = convergence.shared_settings(
         convergence.parse_args(["--quick", "--set", "adloco.compression_block_size=3"])
@@ -431,6 +439,13 @@ def test_step_bounds_cover_the_budget(tmp_path):
     smallest = diloco["world_size"] * diloco["adloco"]["max_batch_size"] * diloco["block_size"]
     assert diloco_steps * smallest >= diloco["budget_tokens"]
     assert diloco_steps % diloco["train"]["inner_steps"] == 0
+    # AdLoCo's merges keep one instance's total batch (preserve_total): after the last one the whole launch may
+    # train one worker's batch per step, and the bound must still reach the budget.
+    adloco = convergence.method_spec("adloco", settings, str(tmp_path))
+    one_worker = adloco["adloco"]["max_batch_size"] * adloco["block_size"]
+    assert worker.max_steps_for(adloco) * one_worker >= adloco["budget_tokens"]
+    paper = convergence.method_spec("adloco_paper", settings, str(tmp_path))
+    assert worker.max_steps_for(paper) == diloco_steps  # the paper's rule never lowers a request
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -152,3 +152,25 @@ def test_options_that_work_badly_or_not_at_all_warn_once(tmp_path, adloco_record
 def test_plain_options_do_not_warn(tmp_path, adloco_records):
     make(tmp_path, gradient_checkpointing=True, neftune_noise_alpha=5.0, label_smoothing_factor=0.1)
     assert not [r for r in adloco_records.records if r.name.startswith("adloco_hf")]
+
+
+def test_a_growing_h_needs_a_power_of_two_cap_that_divides_saves_and_evaluations(tmp_path):
+    grow = dict(inner_steps_rule="outer_noise", save_steps=40)
+    args = make(tmp_path, max_inner_steps=40, **grow)
+    assert args.eval_steps == 40  # the default evaluation: every longest round
+    for kwargs, message in [
+        (dict(**grow), "set max_inner_steps to inner_steps × a power of 2 above 1 \\(e.g. max_inner_steps=40\\)"),
+        (dict(max_inner_steps=30, **grow), "got 30"),
+        (dict(max_inner_steps=10, **grow), "got 10"),
+        (dict(max_inner_steps=40), "max_inner_steps=40 has no effect with inner_steps_rule='fixed'"),
+        (
+            dict(max_inner_steps=40, inner_steps_rule="outer_noise", save_steps=20),
+            "save_steps=20 is not a multiple of",
+        ),
+        (dict(max_inner_steps=40, eval_strategy="steps", eval_steps=20, **grow), "eval_steps=20 is not a multiple of"),
+        (dict(max_inner_steps=40, outer_overlap=True, **grow), "set outer_overlap=False or inner_steps_rule='fixed'"),
+        (dict(max_inner_steps=40, outer_noise_theta=0.0, **grow), "outer_noise_theta=0.0: set a value > 0"),
+        (dict(inner_steps_rule="grow"), "inner_steps_rule='grow' is not supported"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            make(tmp_path, **kwargs)

@@ -1,6 +1,7 @@
 """`rounds.decide_round` and its records as pure cases: no process group, no model, no Trainer."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -13,6 +14,8 @@ from adloco_hf.rounds import (
     WorkerReport,
     decide_round,
     merge_record,
+    next_round_inner_steps,
+    outer_noise,
     round_logs,
     round_message,
     run_summary,
@@ -58,6 +61,8 @@ def report(instance: int, statistics: GradientStatistics | None = None, *, skipp
 def test_a_report_survives_the_all_gather_row():
     original = report(3, stats(2.0, 0.25), skipped=True)
     assert WorkerReport.from_row(original.to_row()) == original
+    measured_norm = replace(original, local_sq_norm=2.5)
+    assert WorkerReport.from_row(measured_norm.to_row()) == measured_norm
     assert all(isinstance(v, float) for v in original.to_row())
 
 
@@ -315,3 +320,65 @@ def test_an_instance_row_survives_a_checkpoint_and_old_rows_read_as_trained():
     assert Instance.from_row(inst.to_row()) == inst
     old = Instance.from_row([2, 6, 30.0, [1, 3]])  # written before the counts existed
     assert (old.skipped_in_a_row, old.rounds_since_merge, old.trained) == (0, 0, True)
+
+
+# ---- inner_steps_rule="outer_noise": H doubles while the workers' pseudo-gradients agree ----
+def test_outer_noise_is_the_workers_variance_over_m_times_the_mean_s_square():
+    import torch
+
+    deltas = torch.randn(3, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64) + 0.7
+    mean = deltas.mean(0)
+    brute = deltas.var(0, unbiased=True).sum() / (3 * mean.square().sum())  # Σ_w ‖Δ_w − Δ̄‖² / (M − 1), over M ‖Δ̄‖²
+    local = [float(d.square().sum()) for d in deltas]
+    assert outer_noise(local, float(mean.norm())) == pytest.approx(float(brute), rel=1e-9)
+    assert outer_noise(local[:1], float(mean.norm())) is None  # one worker: no spread to measure
+    assert outer_noise([math.nan, 1.0], 1.0) is None  # overlapped outer steps report no local norm
+    assert outer_noise([1.0, 1.0], 0.0) is None
+
+
+def measured(instance, local_sq, norm=1.0):
+    return replace(report(instance), local_sq_norm=local_sq, pseudo_grad_norm=norm)
+
+
+@pytest.mark.parametrize(
+    "local, skipped, rule, expected",
+    [
+        ([1.1, 1.1], False, "outer_noise", 10),  # (1.1 - 1) / 1 = 0.1 <= 0.5²: double
+        ([1.5, 1.5], False, "outer_noise", 5),  # 0.5 > 0.25: keep
+        ([1.1, 1.1], True, "outer_noise", 5),  # a skipped round measures nothing
+        ([math.nan, math.nan], False, "outer_noise", 5),  # no local norms
+        ([1.1, 1.1], False, "fixed", 5),
+    ],
+)
+def test_h_doubles_only_while_the_outer_noise_is_below_theta_squared(local, skipped, rule, expected):
+    table = [Instance(0, (0, 1), 4)]
+    reports = [replace(measured(0, x), skipped=skipped) for x in local]
+    cap = 40 if rule == "outer_noise" else None
+    decision = decide_round(
+        table,
+        reports,
+        outer_step=1,
+        global_step=5,
+        rules=rules(inner_steps_rule=rule, max_inner_steps=cap),
+        inner_steps=5,
+    )
+    assert decision.next_inner_steps == expected
+    line = decision.lines[0]
+    assert line.outer_noise == (None if math.isnan(local[0]) else pytest.approx(local[0] - 1.0))
+    assert "outer_noise" in line.to_json()
+
+
+def test_h_stops_at_max_inner_steps_and_instances_weigh_by_workers():
+    table = [Instance(0, (0, 1, 2), 4), Instance(1, (3,), 4), Instance(2, (4, 5), 4)]
+    # Instance 0: noise 0.1 (3 workers); instance 2: 0.4 (2 workers); the single worker measures nothing.
+    reports = [measured(0, 1.2)] * 3 + [measured(1, 5.0)] + [measured(2, 1.4)] * 2
+    r = rules(inner_steps_rule="outer_noise", max_inner_steps=40)
+    assert decide_round(table, reports, outer_step=1, global_step=20, rules=r, inner_steps=20).next_inner_steps == 40
+    assert decide_round(table, reports, outer_step=1, global_step=40, rules=r, inner_steps=40).next_inner_steps == 40
+    pooled = (3 * 0.1 + 2 * 0.4) / 5  # 0.22 <= 0.25
+    assert pooled <= 0.25
+    strict = rules(inner_steps_rule="outer_noise", max_inner_steps=40, outer_noise_theta=0.45)  # 0.2025 < 0.22
+    assert (
+        decide_round(table, reports, outer_step=1, global_step=20, rules=strict, inner_steps=20).next_inner_steps == 20
+    )
+    assert next_round_inner_steps([], 20, r) == 20

@@ -216,13 +216,20 @@ def max_steps_for(spec: dict) -> int:
 
     AdLoCo's requests only grow, and a step uses at least min(initial request, max_batch_size) samples (switch mode
     caps a request above max_batch_size there), so that batch bounds the run; the budget callback ends it earlier.
+    With merges under `merge_batch_rule="preserve_total"` (the default) the instances' total batch can fall to one
+    instance's (a merged instance keeps its total, spread over more workers): then one worker's batch bounds it.
+    The schedule is constant after warm-up, so this bound changes nothing a run does before its budget.
     """
     train, world = spec["train"], spec["world_size"]
     if spec["kind"] == "ddp":
         return math.ceil(spec["budget_tokens"] / (world * train["batch_size"] * spec["block_size"]))
+    adloco = spec["adloco"]
     smallest = train["batch_size"]
-    if isinstance(spec["adloco"].get("max_batch_size"), int):
-        smallest = min(smallest, spec["adloco"]["max_batch_size"])
+    if isinstance(adloco.get("max_batch_size"), int):
+        smallest = min(smallest, adloco["max_batch_size"])
+    merges = adloco.get("num_instances", 1) > 1 and adloco.get("merge_every", 1) != 0
+    if merges and adloco.get("merge_batch_rule", "preserve_total") == "preserve_total":
+        world = 1
     h = train["inner_steps"]
     return (math.ceil(spec["budget_tokens"] / (world * smallest * spec["block_size"]) / h) + 1) * h
 
@@ -235,13 +242,18 @@ def make_arguments(spec: dict) -> TrainingArguments:
         return TrainingArguments(
             **kwargs, max_steps=max_steps_for(spec), eval_steps=eval_steps, ddp_find_unused_parameters=False
         )
+    adloco = dict(spec["adloco"])
+    factor = adloco.pop("max_inner_steps_factor", None)  # a growing H: its cap follows inner_steps
+    if factor is not None:
+        adloco["max_inner_steps"] = factor * train["inner_steps"]
+        eval_steps = math.lcm(eval_steps, adloco["max_inner_steps"])  # evaluations at round ends only
     return AdLoCoConfig(
         **kwargs,
         max_steps=max_steps_for(spec),
         inner_steps=train["inner_steps"],
         eval_steps=eval_steps,
         save_merges=False,
-        **spec["adloco"],
+        **adloco,
     )
 
 

@@ -55,7 +55,8 @@ class BeforeSync(TrainerCallback):
         self.min_spread_inside = float("inf")
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % args.inner_steps != 0 and state.global_step % 3 != 1:
+        round_end = self.trainer.worker.is_round_end(state.global_step)  # H may grow (inner_steps_rule)
+        if not round_end and state.global_step % 3 != 1:
             return
         stacked = gather_params(self.trainer.model)
         for inst in self.trainer.worker.instances:
@@ -66,7 +67,7 @@ class BeforeSync(TrainerCallback):
                 )
                 spread = (members - members[0]).abs().nan_to_num(nan=float("inf")).max().item()
                 self.min_spread_inside = min(self.min_spread_inside, spread)
-        if state.global_step % args.inner_steps == 0:
+        if round_end:
             self.pre_sync = stacked
 
 
@@ -78,7 +79,7 @@ class AfterSync(TrainerCallback):
         self.rounds, self.max_mean_error, self.sampler_sizes, self.lr_factors = 0, 0.0, [], []
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % args.inner_steps != 0:
+        if self.trainer.worker.last_synced_step != state.global_step:  # not a round's end
             return
         self.rounds += 1
         engine = self.trainer.worker
