@@ -46,7 +46,7 @@ TRAJECTORY_FIELDS = (
     "batch_size_shrink", "shrink_hysteresis", "batch_size_floor", "batch_size_target", "noise_scale_multiple", "merge_batch_rule",
     "switch_threshold", "pseudo_grad_dtype", "pseudo_grad_compression", "merge_transport",
     "compression_block_size", "outer_overlap", "outer_overlap_local_weight", "outer_lr", "outer_momentum",
-    "outer_nesterov", "lr_batch_scaling", "per_device_train_batch_size", "seed", "data_seed",
+    "outer_nesterov", "lr_batch_scaling", "per_device_train_batch_size", "seed", "data_seed", "processes_per_worker",
 )  # fmt: skip
 # Recorded and compared, but a change is an elastic resume (logged): each instance keeps its state (`elastic.py`).
 ELASTIC_FIELDS = ("world_size",)
