@@ -86,7 +86,8 @@ def refuse_what_adloco_cannot_honour(args) -> None:
             raise ValueError(
                 f"{name} is not supported: it shards the model (or its gradients or optimizer states) over the "
                 "processes, but every AdLoCo worker trains a full copy of the model and talks to the others once per "
-                f"round. Remove {name}; to fit memory use bf16/fp16, gradient_checkpointing=True and "
+                f"round. Remove {name}; to train one worker on several GPUs (data parallel inside the worker) set "
+                "processes_per_worker=G instead; to fit memory use bf16/fp16, gradient_checkpointing=True and "
                 "max_batch_size='auto' (switch mode accumulates micro-batches)."
             )
     if args.enable_jit_checkpoint:
@@ -113,5 +114,8 @@ def warn_about_what_works_badly(args) -> None:
             "small model). Leave it off for short runs."
         )
     for name in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph"):
-        if getattr(args, name) is not None:
-            warn_once(f"{name}={getattr(args, name)} has no effect: AdLoCo workers train without DDP.")
+        if getattr(args, name) is not None and getattr(args, "processes_per_worker", 1) == 1:
+            warn_once(
+                f"{name}={getattr(args, name)} has no effect: AdLoCo workers train without DDP (it applies inside a "
+                "worker with processes_per_worker > 1)."
+            )

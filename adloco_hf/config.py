@@ -186,6 +186,14 @@ class AdLoCoConfig(TrainingArguments):
 
         > Parameters that control failures
 
+        processes_per_worker (`int`, *optional*, defaults to `1`):
+            G, the processes of one worker: consecutive ranks of the launch form a worker whose processes train one
+            model replica as ordinary data parallel (DDP over the worker's own group, every step); workers talk only
+            at a round's end, local rank l of each worker sending 1/G of the pseudo-gradient. With
+            `accelerate launch` on N nodes × G GPUs, G per worker makes each node a worker. The requests
+            (`batch_size_cap`, `batch_size_floor`, the rounds file's `batch_size`) are per worker and multiples of
+            G; each process draws 1/G of its worker's batch (`per_device_train_batch_size` keeps its meaning: the
+            initial request is G × it). See `worker_layout.py`.
         worker_timeout (`float`, *optional*, defaults to `1800`):
             Seconds a worker waits for the others at the end of a round (and for any collective of AdLoCo) before
             stopping with an error that names the missing ranks and the round. Keep it above the slowest round's
@@ -332,6 +340,9 @@ class AdLoCoConfig(TrainingArguments):
     memory_fraction: float = field(
         default=0.9, metadata={"help": "Share of free GPU memory that max_batch_size='auto' plans for."}
     )
+    processes_per_worker: int = field(
+        default=1, metadata={"help": "G, processes per worker (data parallel inside a worker, DiLoCo across)."}
+    )
     worker_timeout: float = field(
         default=1800.0, metadata={"help": "Seconds to wait for the other workers before stopping with an error."}
     )
@@ -459,9 +470,12 @@ class AdLoCoConfig(TrainingArguments):
             raise ValueError(
                 f"per_device_train_batch_size={self.per_device_train_batch_size}: the initial request must be >= 1."
             )
-        if self.batch_size_cap is not None and self.batch_size_cap < self.per_device_train_batch_size:
+        self._validate_processes_per_worker()
+        g = self.processes_per_worker
+        if self.batch_size_cap is not None and self.batch_size_cap < g * self.per_device_train_batch_size:
+            initial = "per_device_train_batch_size=" if g == 1 else f"{g} × per_device_train_batch_size="
             raise ValueError(
-                f"batch_size_cap={self.batch_size_cap} is below the initial request per_device_train_batch_size="
+                f"batch_size_cap={self.batch_size_cap} is below the initial request {initial}"
                 f"{self.per_device_train_batch_size}; raise batch_size_cap or lower the initial batch."
             )
         if not self.worker_timeout > 0:
@@ -510,6 +524,36 @@ class AdLoCoConfig(TrainingArguments):
             raise ValueError(
                 "inner_steps_rule='outer_noise' measures the workers' pseudo-gradients against their average, which "
                 "outer_overlap=True only has a round later: set outer_overlap=False or inner_steps_rule='fixed'."
+            )
+
+    def _validate_processes_per_worker(self) -> None:
+        """`processes_per_worker` (G): an integer >= 1 dividing the launch's processes; the per-worker requests it
+        bounds are multiples of G (each process draws 1/G of its worker's batch)."""
+        g = self.processes_per_worker
+        if isinstance(g, bool) or int(g) != g or g < 1:
+            raise ValueError(f"processes_per_worker={g}: set an integer >= 1 (1: one process per worker).")
+        self.processes_per_worker = g = int(g)
+        if g == 1:
+            return
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size % g:
+            raise ValueError(
+                f"processes_per_worker={g} does not divide the {world_size} processes of this launch (WORLD_SIZE): "
+                f"launch a multiple of {g} processes (accelerate launch --num_processes), or set processes_per_worker "
+                f"to a divisor of {world_size} (e.g. the GPUs per node)."
+            )
+        for name in ("batch_size_cap", "batch_size_floor"):
+            value = getattr(self, name)
+            if value is not None and value % g:
+                raise ValueError(
+                    f"{name}={value} is not a multiple of processes_per_worker={g}: it bounds the per-worker request, "
+                    f"which each of the worker's {g} processes draws 1/{g} of. Set {name} to a multiple of {g} "
+                    f"(e.g. {g * max(1, round(value / g))})."
+                )
+        if self.outer_overlap:
+            raise ValueError(
+                f"outer_overlap=True is not supported with processes_per_worker={g} yet: set outer_overlap=False, or "
+                "processes_per_worker=1."
             )
 
     def _validate_schedule(self) -> None:

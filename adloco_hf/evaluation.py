@@ -195,8 +195,10 @@ def merged_weights(worker: Worker) -> torch.Tensor:
         total = torch.zeros(phi.shape, dtype=torch.float32, device=device)
     else:
         total = phi.to(device, torch.float32).mul(share)  # a new tensor: φ itself is never touched
-    if is_distributed() and worker.world_size > 1:
-        group = worker.groups.get(range(worker.world_size))
+    if is_distributed() and worker.num_workers > 1:
+        # This local rank of every worker (the world with one process per worker): the worker's processes hold the
+        # same φ, so each local rank sums the same terms and all of them get the same model.
+        group = worker.all_workers_group
         with worker.monitor.watch("evaluation (merged model)", worker.resume_hint):
             dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
     return total
@@ -233,7 +235,7 @@ def _evaluate_each_instance(trainer: Trainer, worker: Worker, dataset, ignore_ke
     args = trainer.args
     collect = trainer.compute_metrics is not None and not args.prediction_loss_only
     inst = worker.instance
-    members = list(inst.workers)
+    members = list(worker.layout.ranks_of_workers(inst.workers))  # every process of the instance takes a shard
     shard = predict_shard(trainer, dataset, members, args.process_index, ignore_keys=ignore_keys, collect=collect)
     losses = _pool_losses(worker, inst.id, shard)
     per_instance = {i: {} for i in losses}

@@ -14,9 +14,15 @@ __all__ = ["initialise_weights", "reinitialise", "resolve_max_batch_size"]
 
 
 @torch.no_grad()
-def initialise_weights(model: torch.nn.Module, mode: str, *, instance: Instance, rank: int, seed: int, group) -> None:
+def initialise_weights(
+    model: torch.nn.Module, mode: str, *, instance: Instance, rank: int, seed: int, group, src: int | None = None
+) -> None:
     """Shared init (`mode="shared"`): rank 0's weights everywhere. Independent: instance i re-initialised with
-    seed + i on its first worker and broadcast to its other workers over `group` (collective: every rank)."""
+    seed + i on its first worker and broadcast to its other workers over `group` (collective: every rank).
+
+    With several processes per worker, `rank` is this process's worker id (every process of the first worker
+    re-initialises alike), `group` this local rank's group over the instance's workers and `src` its global rank in
+    the first worker (default: `instance.first_worker`, a rank with one process per worker)."""
     tensors = list({t.data_ptr(): t for t in model.state_dict().values()}.values())
     if mode == "shared":
         broadcast_tensors(tensors, src=0)
@@ -24,7 +30,7 @@ def initialise_weights(model: torch.nn.Module, mode: str, *, instance: Instance,
     if rank == instance.first_worker:
         reinitialise(model, seed + instance.id)
     if len(instance.workers) > 1:
-        broadcast_tensors(tensors, src=instance.first_worker, group=group)
+        broadcast_tensors(tensors, src=instance.first_worker if src is None else src, group=group)
 
 
 def reinitialise(model: torch.nn.Module, seed: int) -> None:

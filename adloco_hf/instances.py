@@ -45,7 +45,8 @@ class Instance:
 
     Attributes:
         id: stable identifier (instances keep their id through merges; merged-away ids are not reused).
-        workers: global ranks of its workers, ascending; the first one is its *first worker*.
+        workers: its workers' ids, ascending; the first one is its *first worker*. A worker id is the global rank
+            with one process per worker, else rank // processes_per_worker (`worker_layout.py`).
         batch_size: b_i, its per-worker request.
         demand: d_i; by default b_i × workers, after a merge the sum of both demands.
         skipped_in_a_row: rounds skipped in a row (non-finite pseudo-gradient) up to the last one; a merge keeps
@@ -231,13 +232,21 @@ class MergePlan:
 MERGE_BATCH_RULES = ("preserve_total", "paper")
 
 
-def plan_merge(instances: list[Instance], *, policy: str, num_workers: int, batch_rule: str = "paper") -> MergePlan:
+def plan_merge(
+    instances: list[Instance],
+    *,
+    policy: str,
+    num_workers: int,
+    batch_rule: str = "paper",
+    processes_per_worker: int = 1,
+) -> MergePlan:
     """Choose a pair, weigh it by demand, and redistribute the workers over the remaining instances.
 
     `batch_rule="paper"`: the survivor keeps its per-worker request while it gains workers, so its total batch grows
     by the ratio of its workers (the paper's code). `"preserve_total"`: every instance keeps its total batch
     (request × workers before the merge; the survivor's for the merged one), and its per-worker request becomes
-    ⌈total / workers after⌉: the tests ask for a total, and a merge adds workers, not noise.
+    ⌈total / workers after⌉: the tests ask for a total, and a merge adds workers, not noise. With
+    `processes_per_worker` = G > 1 that request is rounded up to a multiple of G (each process draws 1/G of it).
     """
     if batch_rule not in MERGE_BATCH_RULES:
         raise ValueError(f"unknown merge_batch_rule {batch_rule!r}; choose one of {MERGE_BATCH_RULES}")
@@ -262,7 +271,10 @@ def plan_merge(instances: list[Instance], *, policy: str, num_workers: int, batc
     after = redistribute(remaining, num_workers, {survivor.id: list(survivor.workers) + list(merged.workers)})
     if batch_rule == "preserve_total":
         totals = {inst.id: inst.batch_size * len(inst.workers) for inst in instances}
-        after = [replace(inst, batch_size=max(1, math.ceil(totals[inst.id] / len(inst.workers)))) for inst in after]
+        g = processes_per_worker
+        after = [
+            replace(inst, batch_size=g * max(1, math.ceil(totals[inst.id] / len(inst.workers) / g))) for inst in after
+        ]
     return MergePlan(
         survivor=survivor.id,
         merged=merged.id,

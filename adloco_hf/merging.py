@@ -46,6 +46,7 @@ from .instances import (
 )
 from .outer import GlobalModel, ring_all_reduce_bytes
 from .rounds import MergeResult
+from .worker_layout import WorkerLayout
 
 
 __all__ = [
@@ -59,6 +60,19 @@ __all__ = [
 ]
 
 MERGE_TRANSPORTS = ("all_reduce", "point_to_point")
+
+
+def _peers(layout: WorkerLayout | None, local_rank: int):
+    """Worker id → the global rank this process talks to for it: the same local rank of that worker (identity with
+    one process per worker). With G processes per worker every local rank runs the merge over its own ranks, on the
+    same data (the worker's processes hold the same φ, momentum and inner state), so they all end alike."""
+    if layout is None or layout.processes_per_worker == 1:
+        return lambda worker: worker
+    return lambda worker: layout.rank(worker, local_rank)
+
+
+def _local_groups(layout: WorkerLayout | None, local_rank: int, workers) -> tuple[int, ...]:
+    return tuple(workers) if layout is None else layout.cross_ranks(workers, local_rank)
 
 
 @dataclass
@@ -94,6 +108,8 @@ def execute_merge(
     inner_optimizer,
     with_momentum: bool,
     group=None,
+    layout: WorkerLayout | None = None,
+    local_rank: int = 0,
 ) -> MergeOutcome:
     """Run this rank's part of `transfers` in order, then apply what it received.
 
@@ -108,7 +124,10 @@ def execute_merge(
         inner_optimizer: this worker's inner optimizer (its state is sent to workers that join the instance).
         with_momentum: whether the outer SGD has momentum to carry (outer_momentum > 0).
         group: the group of the messages (global ranks; a group of the whole world), the default group when None.
+        layout, local_rank: with several processes per worker, `rank` and the plan are worker ids and this process
+            exchanges with the same local rank of the other workers.
     """
+    peer = _peers(layout, local_rank)
     phi = global_model.phi.detach()
     momentum = global_model.momentum if with_momentum else None
     if with_momentum and momentum is None:
@@ -119,29 +138,31 @@ def execute_merge(
     sent = 0
     for transfer in transfers:
         if rank == transfer.src:
+            dst = peer(transfer.dst)
             if transfer.kind == "merge_input":
-                sent += _send_global(phi, momentum, transfer.dst, group)
+                sent += _send_global(phi, momentum, dst, group)
             elif transfer.kind == "global":
                 source = merged if transfer.instance == plan.survivor else (phi, momentum)
-                sent += _send_global(source[0], source[1], transfer.dst, group)
+                sent += _send_global(source[0], source[1], dst, group)
             elif transfer.kind == "inner":
-                sent += send_object_tensors(inner_optimizer.state_dict(), transfer.dst, phi.device, group)
+                sent += send_object_tensors(inner_optimizer.state_dict(), dst, phi.device, group)
             elif transfer.kind == "save":
-                sent += send_tensor(merged[0], transfer.dst, group)
+                sent += send_tensor(merged[0], dst, group)
         elif rank == transfer.dst:
+            src = peer(transfer.src)
             if transfer.kind == "merge_input":
-                other_phi, other_momentum = _recv_global(phi, transfer.src, with_momentum, group)
+                other_phi, other_momentum = _recv_global(phi, src, with_momentum, group)
                 merged_phi = phi.mul(w_survivor).add_(other_phi, alpha=w_merged)
                 merged_momentum = (
                     momentum.mul(w_survivor).add_(other_momentum, alpha=w_merged) if with_momentum else None
                 )
                 merged = (merged_phi, merged_momentum)
             elif transfer.kind == "global":
-                incoming = _recv_global(phi, transfer.src, with_momentum, group)
+                incoming = _recv_global(phi, src, with_momentum, group)
             elif transfer.kind == "inner":
-                inner_state = recv_object_tensors(transfer.src, phi.device, group)
+                inner_state = recv_object_tensors(src, phi.device, group)
             elif transfer.kind == "save":
-                saved_phi = recv_tensor(phi, transfer.src, group)
+                saved_phi = recv_tensor(phi, src, group)
     new_state = merged if merged is not None else incoming
     if new_state is not None:
         global_model.load_flat(*new_state)
@@ -179,6 +200,8 @@ def all_reduce_merge(
     with_momentum: bool,
     groups,
     group=None,
+    layout: WorkerLayout | None = None,
+    local_rank: int = 0,
 ) -> MergeOutcome:
     """Run this rank's part of `collectives` (`merge_transport="all_reduce"`, module docstring).
 
@@ -195,7 +218,9 @@ def all_reduce_merge(
         with_momentum: whether the outer SGD has momentum to carry (outer_momentum > 0).
         groups: a `distributed.ProcessGroupCache` (the worker's: groups are kept for the run).
         group: the group of the save message (a group of the whole world; the default group when None).
+        layout, local_rank: as in `execute_merge` (each local rank runs the collectives over its own ranks).
     """
+    peer = _peers(layout, local_rank)
     phi = global_model.phi.detach()
     momentum = global_model.momentum if with_momentum else None
     if with_momentum and momentum is None:
@@ -203,31 +228,34 @@ def all_reduce_merge(
     state = [phi] if momentum is None else [phi, momentum]
     payload = sum(t.numel() * 4 for t in state)  # float32 on the wire
     on = comm_device(phi.device)
+    local_ranks = range(1 if layout is None else layout.processes_per_worker)
     for ranks in collectives.groups:  # every rank, in the same order: new_group is collective
-        groups.get(ranks)
+        for local in local_ranks:
+            groups.get(_local_groups(layout, local, ranks))
     sent = 0
     merged = incoming = saved_phi = None
     if rank in collectives.members:
         weight = collectives.weights[rank]
         merged = [_weighted(t, weight, on) for t in state]
-        members_group = groups.get(collectives.members)
+        members_group = groups.get(_local_groups(layout, local_rank, collectives.members))
         for tensor in merged:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=members_group)
         sent += all_reduce_share(payload, collectives.members, rank)
     for broadcast in collectives.broadcasts:
         if rank not in broadcast.ranks:
             continue
+        broadcast_group = groups.get(_local_groups(layout, local_rank, broadcast.ranks))
         if rank == broadcast.src:
-            broadcast_tensors(state, src=broadcast.src, group=groups.get(broadcast.ranks))  # the source only reads
+            broadcast_tensors(state, src=peer(broadcast.src), group=broadcast_group)  # the source only reads
             sent += (len(broadcast.ranks) - 1) * payload
         else:
             incoming = [torch.empty(phi.shape, dtype=torch.float32, device=on) for _ in state]
-            broadcast_tensors(incoming, src=broadcast.src, group=groups.get(broadcast.ranks))
+            broadcast_tensors(incoming, src=peer(broadcast.src), group=broadcast_group)
     if collectives.save_src is not None:
         if rank == collectives.save_src:
-            sent += send_tensor(merged[0], collectives.writer, group)
+            sent += send_tensor(merged[0], peer(collectives.writer), group)
         elif rank == collectives.writer:
-            saved_phi = recv_tensor(phi, collectives.save_src, group)
+            saved_phi = recv_tensor(phi, peer(collectives.save_src), group)
     now = instance_of(list(plan.after), rank).id
     new_state = merged if now == plan.survivor else incoming
     if new_state is not None:
@@ -241,17 +269,28 @@ def all_reduce_merge(
 
 @torch.no_grad()
 def final_merge(
-    instances: list[Instance], *, rank: int, global_model: GlobalModel, writer: int = 0, group=None
+    instances: list[Instance],
+    *,
+    rank: int,
+    global_model: GlobalModel,
+    writer: int = 0,
+    group=None,
+    layout: WorkerLayout | None = None,
+    local_rank: int = 0,
+    broadcast_group=None,
 ) -> int:
     """Replace every worker's φ and θ by the demand-weighted average of the instances; returns bytes sent.
 
     Each instance's first worker sends its φ to `writer` (global rank 0 is always a first worker), which sums them
     in id order and broadcasts the result to all ranks, so every worker ends with bit-identical weights. An instance
     that never trained has weight 0 and sends nothing (`instances.final_merge_weights`). `group`: as in
-    `execute_merge`.
+    `execute_merge`. With several processes per worker (`layout`), `rank`, `writer` and the instances are worker ids,
+    every local rank runs the merge over its own ranks, and the result is broadcast over `broadcast_group` (this local
+    rank of every worker; a broadcast over the world from G roots at once would mismatch).
     """
     if len(instances) == 1 or not is_distributed():
         return 0
+    peer = _peers(layout, local_rank)
     phi = global_model.phi.detach()
     weights = final_merge_weights(instances)
     sent = 0
@@ -261,13 +300,13 @@ def final_merge(
         if weights[inst.id] == 0:
             continue
         if rank == writer:
-            value = phi if src == writer else recv_tensor(phi, src, group)
+            value = phi if src == writer else recv_tensor(phi, peer(src), group)
             merged.add_(value, alpha=weights[inst.id])
         elif rank == src:
-            sent += send_tensor(phi, writer, group)
+            sent += send_tensor(phi, peer(writer), group)
     if merged is None:
         merged = torch.empty_like(phi)
-    broadcast_tensors([merged], src=writer, group=group)
+    broadcast_tensors([merged], src=peer(writer), group=group if broadcast_group is None else broadcast_group)
     global_model.load_flat(merged, None)
     global_model.copy_to_params()
     return sent + (merged.numel() * merged.element_size() if rank == writer else 0)
@@ -286,13 +325,18 @@ def merge_at_round_end(
     hint,
     transport: str = "all_reduce",
     groups=None,
+    layout: WorkerLayout | None = None,
+    local_rank: int = 0,
+    global_rank: int | None = None,
 ) -> tuple[MergeResult, bool]:
     """Carry out a round's merge on this rank, bounded by the monitor's `worker_timeout`; returns what every rank
     reports of it (bytes, seconds, the merged φ on global rank 0 when merges are saved) and whether this worker
     changed instance.
 
     `transport`: `"all_reduce"` (`all_reduce_merge`, on process groups from `groups`, the worker's
-    `ProcessGroupCache`) or `"point_to_point"` (`execute_merge`; module docstring)."""
+    `ProcessGroupCache`) or `"point_to_point"` (`execute_merge`; module docstring). With several processes per
+    worker, `rank` is this process's worker id, `global_rank` its rank (the merged φ is returned on rank 0 only) and
+    every local rank carries the merge out over its own ranks (`layout`, `local_rank`)."""
     if transport not in MERGE_TRANSPORTS:
         raise ValueError(f"merge_transport={transport!r}: choose one of {list(MERGE_TRANSPORTS)}")
     if transport == "all_reduce" and groups is None:  # groups of this merge only, bounded by worker_timeout
@@ -308,6 +352,8 @@ def merge_at_round_end(
                 with_momentum=with_momentum,
                 groups=groups,
                 group=monitor.message_group,
+                layout=layout,
+                local_rank=local_rank,
             )
         else:
             outcome = execute_merge(
@@ -318,8 +364,10 @@ def merge_at_round_end(
                 inner_optimizer=inner_optimizer,
                 with_momentum=with_momentum,
                 group=monitor.message_group,
+                layout=layout,
+                local_rank=local_rank,
             )
     moved = monitor.gather_rows([outcome.sent_bytes, time.perf_counter() - started], where, hint)
-    phi = outcome.merged_phi if rank == 0 and save else None
+    phi = outcome.merged_phi if (rank if global_rank is None else global_rank) == 0 and save else None
     result = MergeResult(plan, int(sum(r[0] for r in moved)), max(r[1] for r in moved), phi)
     return result, outcome.changed_instance

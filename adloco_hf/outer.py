@@ -14,9 +14,12 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
+from .distributed import comm_device
 from .eager import EagerOffset
 from .outer_reduce import BUCKET_NUMEL, PendingMean, PseudoGradReduce
+from .worker_layout import part_range
 
 
 __all__ = ["BUCKET_NUMEL", "DTYPES", "GlobalModel", "OuterStepResult", "ring_all_reduce_bytes"]
@@ -91,6 +94,11 @@ class GlobalModel:
             else None
         )
         self.pending: PendingMean | None = None  # overlapped: the average of the last round, in flight
+        # processes_per_worker > 1 (`split_over`): this process reduces slice [a, b) of Δ across workers and the
+        # worker's intra group all-gathers the slices; φ and the momentum stay whole on every process of the worker.
+        self.part: tuple[int, int] | None = None
+        self._intra_group = None
+        self._parts = 1
         self.copy_from_params()
 
     @classmethod
@@ -111,6 +119,25 @@ class GlobalModel:
             overlap=args.outer_overlap,
             overlap_local_weight=args.outer_overlap_local_weight,
         )
+
+    def split_over(self, intra_group, processes_per_worker: int, local_rank: int) -> None:
+        """Reduce only this process's 1/G slice of Δ across workers (`worker_layout.part_range`), then all-gather the
+        slices over the worker's `intra_group`, so each of the worker's G links carries 1/G of the payload."""
+        if processes_per_worker <= 1:
+            return
+        self._intra_group, self._parts = intra_group, processes_per_worker
+        self.part = part_range(self.numel, processes_per_worker, local_rank)
+
+    def _gather_parts(self, delta: torch.Tensor) -> None:
+        """Every process's averaged slice into the whole of `delta` (one all-gather over the intra group)."""
+        size = -(-self.numel // self._parts)
+        a, b = self.part
+        device = comm_device(delta.device)
+        mine = torch.zeros(size, dtype=torch.float32, device=device)
+        mine[: b - a].copy_(delta[a:b])
+        gathered = [torch.empty_like(mine) for _ in range(self._parts)]
+        dist.all_gather(gathered, mine, group=self._intra_group)
+        delta.copy_(torch.cat(gathered)[: self.numel])
 
     @property
     def overlap(self) -> bool:
@@ -185,14 +212,21 @@ class GlobalModel:
             grad_view.copy_(p.detach())
             grad_view.neg_().add_(view)
         local_sq = float(torch.dot(delta, delta))
-        if num_workers > 1:
+        sent = self.numel
+        if num_workers > 1 and self.part is not None:
+            a, b = self.part
+            part = delta[a:b]
+            self.reduce.start(part, group, num_workers, out=part).wait()
+            self._gather_parts(delta)  # every process of the worker now holds the same whole average
+            sent = b - a
+        elif num_workers > 1:
             self.reduce.start(delta, group, num_workers, out=delta).wait()
         norm = float(torch.linalg.vector_norm(delta))
         skipped = not math.isfinite(norm)
         if not skipped:
             self.optimizer.step()
         self.copy_to_params()
-        payload = self.reduce.payload_bytes(self.numel, num_workers)
+        payload = self.reduce.payload_bytes(sent, num_workers)
         return OuterStepResult(norm, payload, time.perf_counter() - start, skipped, local_sq_norm=local_sq)
 
     def _flat_params(self) -> torch.Tensor:

@@ -128,6 +128,7 @@ class RoundRules:
     inner_steps_rule: str = "fixed"
     max_inner_steps: int | None = None
     outer_noise_theta: float = 0.5
+    processes_per_worker: int = 1  # G: requests are per worker and multiples of G, each process draws 1/G
 
     @property
     def controller(self) -> ControllerRules:
@@ -149,8 +150,12 @@ class RoundRules:
     @classmethod
     def from_args(cls, args, *, max_batch_size: int, shard_size: int | None) -> "RoundRules":
         """From an `AdLoCoConfig`; a request is capped by `batch_size_cap` and by a worker's data shard (None for a
-        stream, which has no shard to exhaust: then only `batch_size_cap` caps it, or nothing)."""
-        caps = [cap for cap in (args.batch_size_cap, shard_size) if cap is not None]
+        stream, which has no shard to exhaust: then only `batch_size_cap` caps it, or nothing). `shard_size` and
+        `max_batch_size` are a process's; with G processes per worker the worker's shard is G of them."""
+        g = getattr(args, "processes_per_worker", 1)
+        caps = [
+            cap for cap in (args.batch_size_cap, None if shard_size is None else g * shard_size) if cap is not None
+        ]
         cap = min(caps) if caps else None
         return cls(
             batch_size_test=args.batch_size_test,
@@ -169,13 +174,14 @@ class RoundRules:
             nonpositive_signal=args.nonpositive_signal,
             batch_size_shrink=args.batch_size_shrink,
             shrink_hysteresis=args.shrink_hysteresis,
-            batch_size_floor=args.batch_size_floor or args.per_device_train_batch_size,
+            batch_size_floor=args.batch_size_floor or g * args.per_device_train_batch_size,
             batch_size_target=args.batch_size_target,
             noise_scale_multiple=args.noise_scale_multiple,
             merge_batch_rule=args.merge_batch_rule,
             inner_steps_rule=args.inner_steps_rule,
             max_inner_steps=args.max_inner_steps,
             outer_noise_theta=args.outer_noise_theta,
+            processes_per_worker=g,
         )
 
 
@@ -215,17 +221,27 @@ class RoundLine:
     num_instances: int = 0
     total_tokens: int = 0
     elapsed_seconds: float = 0.0
+    # G > 1 only (left out of the file for G = 1): the processes of each worker; `micro_batch_size` is a process's.
+    processes_per_worker: int = 1
+    processes: list[int] | None = None
+    # G > 1: the bytes each local rank of a worker contributes to the all-reduce between workers (its slice of the
+    # pseudo-gradient, about 1/G of the payload each: a node's G links share the traffic); `comm_bytes` is their
+    # ring total.
+    process_payload_bytes: list[int] | None = None
 
     @property
     def batch_size_used(self) -> int:
         """Samples each worker of the instance used per inner step this round: the request `batch_size`, or
-        `max_batch_size` where switch mode capped it (a request above it but within `switch_threshold` × it)."""
-        return self.batch_size if self.accumulation_steps > 1 else self.micro_batch_size
+        `max_batch_size` (of each of its G processes) where switch mode capped it (a request above it but within
+        `switch_threshold` × it)."""
+        return self.batch_size if self.accumulation_steps > 1 else self.processes_per_worker * self.micro_batch_size
 
     def to_json(self) -> dict[str, Any]:
         line = asdict(self)
         if line["merge_bytes"] is None:
             del line["merge_bytes"]
+        if self.processes_per_worker == 1:
+            del line["processes_per_worker"], line["processes"], line["process_payload_bytes"]
         return line
 
 
@@ -251,8 +267,11 @@ def _line(
     global_step: int,
     rules: RoundRules,
 ) -> RoundLine:
-    plan = plan_batch(inst.batch_size, rules.max_batch_size, rules.switch_threshold)
+    g = rules.processes_per_worker
+    plan = plan_batch(inst.batch_size // g, rules.max_batch_size, rules.switch_threshold)
     steps = sum(m.loss_steps for m in members)
+    # Local rank l of every worker all-reduces slice l: the ring bytes of the first worker's G processes' payloads.
+    first = members[:g]
     return RoundLine(
         outer_step=outer_step,
         global_step=global_step,
@@ -272,10 +291,13 @@ def _line(
         grad_orth_variance=pooled.orth_variance,
         stats_dof=pooled.dof,
         pseudo_grad_norm=members[0].pseudo_grad_norm,
-        comm_bytes=ring_all_reduce_bytes(members[0].payload_bytes, len(inst.workers)),
+        comm_bytes=sum(ring_all_reduce_bytes(m.payload_bytes, len(inst.workers)) for m in first),
         comm_seconds=max(m.comm_seconds for m in members),
         outer_seconds=max(m.outer_seconds for m in members),
         skipped=any(m.skipped for m in members),
+        processes_per_worker=g,
+        processes=[w * g + local for w in inst.workers for local in range(g)] if g > 1 else None,
+        process_payload_bytes=[m.payload_bytes for m in first] if g > 1 else None,
     )
 
 
@@ -292,7 +314,8 @@ def decide_round(
 
     Args:
         instances: the table during the round that just ended.
-        reports: one per global rank, in rank order.
+        reports: one per global rank, in rank order (G per worker: worker w's are ranks w·G … w·G + G − 1, and their
+            statistics pool with the other processes', G groups per worker).
         outer_step: the 1-based number of the round that just ended.
         global_step: the Trainer's step at its end.
         rules: the settings the decision depends on.
@@ -305,8 +328,9 @@ def decide_round(
     """
     lines, decided = {}, []
     controller = rules.controller
+    g = rules.processes_per_worker
     for inst in instances:
-        members = [reports[r] for r in inst.workers]
+        members = [reports[w * g + local] for w in inst.workers for local in range(g)]
         pooled = pool_statistics([m.stats for m in members])
         next_batch, estimate = inst.batch_size, inst.noise
         if not any(m.skipped for m in members):
@@ -314,14 +338,17 @@ def decide_round(
             next_batch = next_request(
                 controller, pooled, estimate, current=inst.batch_size, num_workers=len(inst.workers)
             )
+            next_batch = g * math.ceil(next_batch / g)  # each of the worker's processes draws 1/G of it
         line = _line(inst, members, pooled, next_batch, outer_step=outer_step, global_step=global_step, rules=rules)
         scale = estimate.noise_scale
         line.noise_scale = scale if math.isfinite(scale) else None
         decided.append(inst.after_round(next_batch, skipped=line.skipped, noise=estimate))
         line.skipped_in_a_row = decided[-1].skipped_in_a_row
-        line.outer_noise = outer_noise([m.local_sq_norm for m in members], line.pseudo_grad_norm)
+        # One ‖Δ_w‖² per worker (its G processes hold the same Δ).
+        line.outer_noise = outer_noise([m.local_sq_norm for m in members[::g]], line.pseudo_grad_norm)
         lines[inst.id] = line
-    losses = {rank: report.loss_sum for rank, report in enumerate(reports)}
+    # Per worker (a non-finite loss on any of its processes makes its sum non-finite).
+    losses = {w: sum(reports[w * g + local].loss_sum for local in range(g)) for w in range(len(reports) // g)}
     failure = skipped_rounds_failure(
         decided, losses, outer_step=outer_step, global_step=global_step, max_skipped_rounds=rules.max_skipped_rounds
     )
@@ -333,7 +360,11 @@ def decide_round(
             # mode may have run fewer than requested), not next round's requests.
             planning = [replace(d, demand=float(lines[d.id].batch_size_used * len(d.workers))) for d in decided]
         merge = plan_merge(
-            planning, policy=rules.merge_policy, num_workers=len(reports), batch_rule=rules.merge_batch_rule
+            planning,
+            policy=rules.merge_policy,
+            num_workers=len(reports) // g,
+            batch_rule=rules.merge_batch_rule,
+            processes_per_worker=g,
         )
         warnings = merge_warnings(merge, outer_step=outer_step)
         decided = list(merge.after)
@@ -439,12 +470,12 @@ class RoundResult:
     preempted: bool = False  # some worker got SIGTERM/SIGINT: every worker stops after this round
 
 
-def run_summary(state: AdLoCoState, world_size: int) -> dict[str, Any]:
-    """The run in a few numbers, for model cards."""
-    return {
+def run_summary(state: AdLoCoState, world_size: int, processes_per_worker: int = 1) -> dict[str, Any]:
+    """The run in a few numbers, for model cards (`world_size`: the processes of the launch)."""
+    summary = {
         "rounds": state.rounds,
         "inner steps": state.last_round_step,
-        "workers": world_size,
+        "workers": world_size // processes_per_worker,
         "instances at the end": state.num_instances,
         "final per-worker batch sizes": dict(state.batch_sizes),
         "merges": state.merges,
@@ -452,6 +483,9 @@ def run_summary(state: AdLoCoState, world_size: int) -> dict[str, Any]:
         "bytes communicated": state.comm_bytes,
         "skipped rounds": state.skipped_rounds,
     }
+    if processes_per_worker > 1:
+        summary["processes per worker"] = processes_per_worker
+    return summary
 
 
 def round_message(lines: list[RoundLine], num_instances: int, merge: MergePlan | None) -> str:

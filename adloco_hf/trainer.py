@@ -5,6 +5,7 @@ the Trainer's events to it: training begins, a step ends (and with it, every `in
 ends.
 """
 
+import contextlib
 import logging
 import os
 import warnings
@@ -44,6 +45,13 @@ from .worker import Worker
 __all__ = ["AdLoCoTrainer"]
 
 logger = logging.getLogger(__name__)
+
+
+def _no_sync(model):
+    """DDP's `no_sync` for a worker of several processes; nothing to turn off for a bare model."""
+    return (
+        model.no_sync() if isinstance(model, torch.nn.parallel.DistributedDataParallel) else contextlib.nullcontext()
+    )
 
 
 class AdLoCoTrainer(MergedModelHubMixin, Trainer):
@@ -193,17 +201,21 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         """Every instance needs a worker: a new run's `num_instances`, a resumed run's checkpoint's instances (merges
         may have left fewer than `num_instances`; an elastic resume may have fewer workers, `elastic.py`)."""
         args = self.args
+        num_workers = self.worker.num_workers
         if resume_from_checkpoint is not None:
-            check_instances_fit(resume_from_checkpoint, args.world_size)
-        elif args.num_instances > args.world_size:
+            check_instances_fit(resume_from_checkpoint, num_workers)
+        elif args.num_instances > num_workers:
             cpu = (
                 " Without a GPU, `accelerate launch --num_processes N` alone starts ONE process: launch with "
                 f"`accelerate launch --multi_gpu --num_processes {args.num_instances} train.py` and use_cpu=True "
                 "(AdLoCoConfig sets it when no GPU is present), or --config_file accelerate_configs/cpu_4_workers.yaml."
             )
+            g = self.worker.processes_per_worker
+            launch = f"{args.num_instances} processes" if g == 1 else f"{args.num_instances * g} processes"
+            per = "" if g == 1 else f" (processes_per_worker={g})"
             raise ValueError(
-                f"num_instances={args.num_instances} exceeds the {args.world_size} worker(s) of this launch; lower "
-                f"num_instances or launch at least {args.num_instances} processes (accelerate launch --num_processes)."
+                f"num_instances={args.num_instances} exceeds the {num_workers} worker(s) of this launch{per}; lower "
+                f"num_instances or launch at least {launch} (accelerate launch --num_processes)."
                 + (cpu if args.device.type == "cpu" else "")
             )
 
@@ -252,14 +264,38 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         return self._train_loader
 
     def _wrap_model(self, model, training: bool = True, dataloader=None):
-        """Skip DDP: workers synchronise once per round. `prepare_model(evaluation_mode=True)` still applies device
-        placement and autocast, and marks the model prepared so the later `accelerator.prepare(model, optimizer)`
-        only wraps the optimizer (GradScaler)."""
+        """Skip DDP across workers: they synchronise once per round. `prepare_model(evaluation_mode=True)` still
+        applies device placement and autocast, and marks the model prepared so the later
+        `accelerator.prepare(model, optimizer)` only wraps the optimizer (GradScaler).
+
+        With `processes_per_worker` > 1 the worker's processes train one replica through DDP over the worker's own
+        group: accelerate cannot take a process group, so the prepared model is wrapped here and marked prepared
+        (the Trainer then prepares only the optimizer; `unwrap_model` still finds the model)."""
         if self.accelerator.unwrap_model(model, keep_torch_compile=False) is not model:
             return model
-        if training:
-            return self.accelerator.prepare_model(model, evaluation_mode=True)
-        return model
+        if not training:
+            return model
+        prepared = self.accelerator.prepare_model(model, evaluation_mode=True)
+        if self.worker.processes_per_worker == 1:
+            return prepared
+        args = self.args
+        device = self.accelerator.device
+        kwargs = {
+            "find_unused_parameters": bool(args.ddp_find_unused_parameters),
+            "broadcast_buffers": True if args.ddp_broadcast_buffers is None else bool(args.ddp_broadcast_buffers),
+        }
+        if args.ddp_bucket_cap_mb is not None:
+            kwargs["bucket_cap_mb"] = args.ddp_bucket_cap_mb
+        if args.ddp_static_graph is not None:
+            kwargs["static_graph"] = bool(args.ddp_static_graph)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            prepared,
+            device_ids=[device] if device.type == "cuda" else None,
+            process_group=self.worker.intra_group,
+            **kwargs,
+        )
+        ddp._is_accelerate_prepared = True
+        return ddp
 
     def _track_num_input_tokens(self, inputs):
         """Counted locally and summed once per round by the worker: the Trainer's per-step all-gather would
@@ -271,16 +307,25 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         halves on a round's last step for the gradient statistics)."""
         batch = batch_length(inputs)
         plan = self.worker.plan_step(self.state.global_step, batch)
-        if plan.accumulates:
-            loss = self._accumulate(model, inputs, plan, num_items_in_batch)
-        else:
-            loss = super().training_step(model, inputs, num_items_in_batch)
+        # processes_per_worker > 1: a step whose gradient statistics are read keeps each process's own gradient
+        # (DDP's all-reduce off) and averages it after the statistics (`Worker.sync_gradients`).
+        local = self.worker.local_gradient_step(self.state.global_step)
+        with _no_sync(model) if local else contextlib.nullcontext():
+            if plan.accumulates:
+                loss = self._accumulate(model, inputs, plan, num_items_in_batch, synced=not local)
+            else:
+                loss = super().training_step(model, inputs, num_items_in_batch)
         tokens = count_tokens(inputs, getattr(self.model, "main_input_name", "input_ids"))
         self.worker.finish_step(plan, loss, batch, tokens)
+        if local:
+            self.worker.sync_gradients()
         return loss
 
-    def _accumulate(self, model, inputs, plan: StepPlan, num_items_in_batch) -> torch.Tensor:
+    def _accumulate(self, model, inputs, plan: StepPlan, num_items_in_batch, synced: bool = True) -> torch.Tensor:
         """Forward/backward each chunk inside one optimizer step; the gradient equals the whole batch's.
+
+        Inside a worker of several processes (DDP) every chunk but the last runs under `no_sync` (`synced`: the
+        last one all-reduces the accumulated gradient; else the caller keeps all of them local).
 
         With `num_items_in_batch` the model normalises every chunk by the whole batch's token count; otherwise the
         Trainer divides each chunk's mean loss by `current_gradient_accumulation_steps`, set here to b / n_j.
@@ -303,7 +348,9 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
                     self.worker.begin_chunk(index)
                 if num_items_in_batch is None:
                     self.current_gradient_accumulation_steps = batch / size
-                loss = super().training_step(model, chunk, num_items_in_batch)
+                last = index == len(sizes) - 1
+                with contextlib.nullcontext() if last or not synced else _no_sync(model):
+                    loss = super().training_step(model, chunk, num_items_in_batch)
                 total = loss if total is None else total + loss
         finally:
             self.current_gradient_accumulation_steps = saved
@@ -366,6 +413,12 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         define the run: `run_settings.py`). A checkpoint written by another number of workers is an elastic resume
         (`elastic.py`): its refusals come before anything is loaded."""
         written = check_rank_states(resume_from_checkpoint, self.args.world_size)
+        if written != self.args.world_size and self.worker.processes_per_worker > 1:
+            raise ValueError(
+                f"{resume_from_checkpoint} was written by {written} processes, this run has {self.args.world_size}: "
+                f"an elastic resume is not supported with processes_per_worker={self.worker.processes_per_worker} yet; "
+                f"resume with {written} processes."
+            )
         check_run_settings(resume_from_checkpoint, run_settings(self.args, self.accelerator.unwrap_model(self.model)))
         rank, world_size = self.args.process_index, self.args.world_size
         if written == world_size:

@@ -21,6 +21,7 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from transformers import set_seed
 
 from . import merging
@@ -67,6 +68,7 @@ from .rounds import (
 from .run_log import RunLog
 from .stream_sampler import check_sampler_kind
 from .switch_mode import BatchPlan, Statistics, StepPlan, plan_batch, plan_step
+from .worker_layout import WorkerLayout
 
 
 __all__ = ["Worker"]
@@ -79,6 +81,11 @@ INNER_PRODUCT_TESTS = ("inner_product", "augmented_inner_product")
 class Worker:
     """This process's AdLoCo state: its instance, φ and outer optimizer, batch plan, statistics and run totals.
 
+    With `processes_per_worker` = G > 1 a worker is G consecutive processes training one replica through DDP
+    (`worker_layout.py`): each of them holds a `Worker` with the same worker id, the same instance table, φ and outer
+    momentum; local rank l all-reduces slice l of the pseudo-gradient with local rank l of the instance's other
+    workers, and merges run over each local rank's own ranks on identical data.
+
     Args:
         args: the run's [`AdLoCoConfig`].
     """
@@ -87,6 +94,12 @@ class Worker:
         self.args = args
         self.rank = get_rank()
         self.world_size = get_world_size()
+        self.processes_per_worker = int(getattr(args, "processes_per_worker", 1) or 1)
+        self.layout = WorkerLayout(self.world_size, self.processes_per_worker)
+        self.worker_id = self.layout.worker_of(self.rank)  # == rank with one process per worker
+        self.local_rank = self.layout.local_rank(self.rank)
+        self.num_workers = self.layout.num_workers
+        self._intra_group = None
         self.groups = ProcessGroupCache(timeout=args.worker_timeout)
         # An overlapped outer step's all-reduce is in flight while the next round runs (evaluation gathers, the
         # round's reports): it gets groups of its own, so the two never share one, even when an instance is the world.
@@ -153,18 +166,27 @@ class Worker:
         resume = self._pending
         if resume is None:
             self.instances = initial_instances(
-                self.world_size, self.args.num_instances, self.args.per_device_train_batch_size
+                self.num_workers,
+                self.args.num_instances,
+                self.processes_per_worker * self.args.per_device_train_batch_size,
             )
             self._refresh_groups()
             inst = self.instance
-            group = self.groups.get(inst.workers) if len(inst.workers) > 1 else None
+            group = self.groups.get(self._cross(inst.workers)) if len(inst.workers) > 1 else None
             initialise_weights(
-                model, self.args.instance_init, instance=inst, rank=self.rank, seed=self.args.seed, group=group
+                model,
+                self.args.instance_init,
+                instance=inst,
+                rank=self.worker_id,
+                seed=self.args.seed,
+                group=group,
+                src=self.layout.rank(inst.first_worker, self.local_rank),
             )
         else:
             self.instances = [Instance.from_row(row) for row in resume["instances"]]
             self._refresh_groups()
         self.global_model = GlobalModel.from_args(self._trainable(), self.args)
+        self.global_model.split_over(self.intra_group, self.processes_per_worker, self.local_rank)
         if resume is None:
             self.max_batch_size = resolve_max_batch_size(self.args, self._trainable(), probe_step)
             self._train_start = time.time()
@@ -178,8 +200,11 @@ class Worker:
             )
             if resume is not None and resume.get("elastic") is not None:
                 self._log_elastic(resume["elastic"], global_step)
+            workers = f"{self.num_workers} workers" + (
+                f" of {self.processes_per_worker} processes" if self.processes_per_worker > 1 else ""
+            )
             logger.info(
-                f"AdLoCo: {self.world_size} workers, {len(self.instances)} instances, {self.args.inner_steps} inner "
+                f"AdLoCo: {workers}, {len(self.instances)} instances, {self.args.inner_steps} inner "
                 f"steps per round, initial batch {self.args.per_device_train_batch_size} per worker, max micro-batch "
                 f"{self.max_batch_size}, batch-size test {self.args.batch_size_test}"
             )
@@ -188,15 +213,46 @@ class Worker:
         return [p for p in self._model.parameters() if p.requires_grad]
 
     def _refresh_groups(self) -> None:
-        # Every rank creates the groups of every instance, in id order: new_group is collective.
+        # Every rank creates the groups of every instance, in id order: new_group is collective. With G processes per
+        # worker: each local rank's group over the instance's workers, the instance's processes (evaluation), and
+        # each local rank's group over all workers (final merge, merged-model evaluation).
+        g = self.processes_per_worker
         for inst in sorted(self.instances, key=lambda x: x.id):
-            self.groups.get(inst.workers)
-            self.outer_groups.get(inst.workers)
+            for local in range(g):
+                ranks = self.layout.cross_ranks(inst.workers, local)
+                self.groups.get(ranks)
+                self.outer_groups.get(ranks)
+            if g > 1:
+                self.groups.get(self.layout.ranks_of_workers(inst.workers))
+        if g > 1:
+            for local in range(g):
+                self.groups.get(self.layout.cross_ranks(range(self.num_workers), local))
+
+    def _cross(self, workers) -> tuple[int, ...]:
+        """The global ranks of this local rank in `workers` (the workers themselves with one process per worker)."""
+        return self.layout.cross_ranks(workers, self.local_rank)
+
+    @property
+    def intra_group(self):
+        """The process group of this worker's processes (None with one process per worker). Made on first use, with
+        every worker's, in worker order on every rank (new_group is collective)."""
+        if self.processes_per_worker == 1:
+            return None
+        if self._intra_group is None:
+            for ranks in self.layout.intra_groups():
+                self.groups.get(ranks)
+            self._intra_group = self.groups.get(self.layout.ranks_of(self.worker_id))
+        return self._intra_group
+
+    @property
+    def all_workers_group(self):
+        """This local rank of every worker (the world with one process per worker)."""
+        return self.groups.get(self.layout.cross_ranks(range(self.num_workers), self.local_rank))
 
     @property
     def instance(self) -> Instance:
         """The instance this worker trains now."""
-        return instance_of(self.instances, self.rank)
+        return instance_of(self.instances, self.worker_id)
 
     @property
     def rules(self) -> RoundRules:
@@ -205,7 +261,9 @@ class Worker:
 
     def _apply_plan(self) -> None:
         """The batch of this worker's next round: to the sampler, and to the learning rate if it follows the batch."""
-        self.plan = plan_batch(self.instance.batch_size, self.max_batch_size, self.args.switch_threshold)
+        # A worker's request is split evenly over its processes (a multiple of processes_per_worker).
+        request = self.instance.batch_size // self.processes_per_worker
+        self.plan = plan_batch(request, self.max_batch_size, self.args.switch_threshold)
         self._sampler.batch_size = self.plan.batch_size
         if self.args.lr_batch_scaling != "none":
             factor = lr_factor(self.args.lr_batch_scaling, self.plan.batch_size, self.args.per_device_train_batch_size)
@@ -240,6 +298,31 @@ class Worker:
             next_last_of_round=self.is_round_end(step + 2),
             has_previous=self.collector is not None and self.collector.has_previous,
         )
+
+    def local_gradient_step(self, step: int) -> bool:
+        """Whether the inner step about to start (0-based `step`) must keep this process's own gradient until
+        `sync_gradients` (processes_per_worker > 1): the steps whose gradient statistics or remembered gradient are
+        read. Decided from the step and the plan only, identical on the worker's processes (a process that synced
+        while another did not would hang DDP)."""
+        if self.processes_per_worker == 1 or self.args.batch_size_test == "none" or self.collector is None:
+            return False
+        one_sample = self.plan.batch_size == 1 and not self.plan.accumulates
+        return self.is_round_end(step + 1) or (one_sample and self.is_round_end(step + 2))
+
+    @torch.no_grad()
+    def sync_gradients(self) -> None:
+        """The worker's mean gradient from its processes' own (after a `local_gradient_step`): one all-reduce over
+        the intra group, the mean DDP would have computed. Every process of the worker ends with the same `.grad`."""
+        grads = [p.grad for p in self._trainable() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1).to(torch.float32) for g in grads])
+        dist.all_reduce(flat, group=self.intra_group)
+        flat.div_(self.processes_per_worker)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     def start_statistics(self, chunk_weights: list[float]) -> None:
         """The step's chunks are about to run as statistics groups with these weights (summing to 1)."""
@@ -286,7 +369,7 @@ class Worker:
         self.outer_step += 1
         inst = self.instance
         started = time.perf_counter()
-        group = self.outer_groups.get(inst.workers)
+        group = self.outer_groups.get(self._cross(inst.workers))
         result = self.global_model.outer_step(group=group, num_workers=len(inst.workers))
         if result.skipped or not result.local_finite:
             self._clean_inner_optimizer()
@@ -381,7 +464,7 @@ class Worker:
         result, changed_instance = merging.merge_at_round_end(
             plan,
             f"merge at round {self.outer_step}",
-            rank=self.rank,
+            rank=self.worker_id,
             global_model=self.global_model,
             inner_optimizer=self._optimizer,
             with_momentum=self.args.outer_momentum > 0,
@@ -390,10 +473,13 @@ class Worker:
             hint=self.resume_hint,
             transport=self.args.merge_transport,
             groups=self.groups,  # every rank creates the merge's groups here, in the same order
+            layout=self.layout,
+            local_rank=self.local_rank,
+            global_rank=self.rank,
         )
         if changed_instance:
             self.collector.forget()  # its kept gradient belongs to the old instance's weights
-        if instance_of(plan.after, self.rank).workers != workers_before or changed_instance:
+        if instance_of(plan.after, self.worker_id).workers != workers_before or changed_instance:
             self.global_model.reduce.reset_error_feedback()  # the residual belonged to the old ring
         self.totals.merges += 1
         return result
@@ -409,7 +495,16 @@ class Worker:
         with self.monitor.watch("final merge", self.resume_hint):
             self.global_model.settle()  # overlapped: the last round's average, so every instance's workers agree
             group = self.monitor.message_group
-            sent = merging.final_merge(self.instances, rank=self.rank, global_model=self.global_model, group=group)
+            several = self.processes_per_worker > 1
+            sent = merging.final_merge(
+                self.instances,
+                rank=self.worker_id,
+                global_model=self.global_model,
+                group=group,
+                layout=self.layout if several else None,
+                local_rank=self.local_rank,
+                broadcast_group=self.all_workers_group if several else None,
+            )
         rows = self.monitor.gather_rows([sent], "final merge", self.resume_hint)
         self.totals.comm_bytes += int(sum(r[0] for r in rows))
         self.final_merged = True
@@ -437,7 +532,7 @@ class Worker:
 
     def summary(self) -> dict[str, Any]:
         """The run in a few numbers, for model cards."""
-        return run_summary(self.state, self.world_size)
+        return run_summary(self.state, self.world_size, self.processes_per_worker)
 
     # ---- checkpoints ----
     def state_dict(self) -> dict[str, Any]:
@@ -446,6 +541,7 @@ class Worker:
         return {
             "world_size": self.world_size,
             "rank": self.rank,
+            "processes_per_worker": self.processes_per_worker,
             "outer_step": self.outer_step,
             "last_synced_step": self.last_synced_step,
             "inner_steps": self.inner_steps,
@@ -470,6 +566,12 @@ class Worker:
 
     def _restore(self, state: dict[str, Any]) -> None:
         check_sampler_kind(state["sampler"], self._sampler)  # a stream's position cannot restore a map-style run
+        saved_g = int(state.get("processes_per_worker", 1))
+        if saved_g != self.processes_per_worker:
+            raise ValueError(
+                f"the checkpoint was written with processes_per_worker={saved_g}, this run has "
+                f"processes_per_worker={self.processes_per_worker}: resume with processes_per_worker={saved_g}"
+            )
         self.outer_step = int(state["outer_step"])
         self.last_synced_step = int(state["last_synced_step"])
         self.inner_steps = int(state.get("inner_steps", self.args.inner_steps))  # older checkpoints: fixed H

@@ -47,6 +47,30 @@ def gather_flat(local: torch.Tensor) -> torch.Tensor:
     return torch.stack(parts)
 
 
+def leaders(engine, workers) -> list[int]:
+    """The global rank of local rank 0 of each worker (the workers themselves with one process per worker)."""
+    return [engine.layout.rank(w, 0) for w in workers]
+
+
+def processes(engine, workers) -> list[int]:
+    return list(engine.layout.ranks_of_workers(workers))
+
+
+class InWorker(TrainerCallback):
+    """processes_per_worker > 1: the processes of a worker hold the same replica after every inner step (DDP)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.steps_checked = trainer, 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        engine = self.trainer.worker
+        stacked = gather_params(self.trainer.model)
+        for w in range(engine.num_workers):
+            rows = stacked[list(engine.layout.ranks_of(w))]
+            assert torch.equal(rows, rows[:1].expand_as(rows)), f"worker {w}'s processes differ at {state.global_step}"
+        self.steps_checked += 1
+
+
 class BeforeSync(TrainerCallback):
     """Runs before AdLoCoCallback: sees every worker's weights at the end of a round, before the outer step."""
 
@@ -61,7 +85,7 @@ class BeforeSync(TrainerCallback):
         stacked = gather_params(self.trainer.model)
         for inst in self.trainer.worker.instances:
             if len(inst.workers) > 1:
-                members = stacked[list(inst.workers)]
+                members = stacked[leaders(self.trainer.worker, inst.workers)]
                 assert not all(torch.equal(m, members[0]) for m in members[1:]), (
                     f"replicas of instance {inst.id} are identical inside a round at step {state.global_step}"
                 )
@@ -88,7 +112,7 @@ class AfterSync(TrainerCallback):
         # workers of an instance share after every outer step.
         shared = gather_flat(engine.global_model.phi.detach()) if args.outer_overlap else stacked
         for inst in engine.instances:
-            members = shared[list(inst.workers)]
+            members = shared[processes(engine, inst.workers)]
             assert torch.equal(members, members[:1].expand_as(members)), (
                 f"instance {inst.id} replicas differ after sync"
             )
@@ -100,7 +124,8 @@ class AfterSync(TrainerCallback):
         ):
             mean = self.before.pre_sync.double().mean(0).float()
             self.max_mean_error = max(self.max_mean_error, (stacked[0] - mean).abs().max().item())
-        expected = plan_batch(engine.instance.batch_size, engine.max_batch_size, args.switch_threshold).batch_size
+        request = engine.instance.batch_size // engine.processes_per_worker
+        expected = plan_batch(request, engine.max_batch_size, args.switch_threshold).batch_size
         assert self.trainer.train_sampler.batch_size == expected
         self.sampler_sizes.append(expected)
         # The next step's learning rate is the schedule's, times the factor of the batch this worker will draw (also
@@ -172,6 +197,8 @@ def spy_on_merges(probe_dir: str, rank: int) -> None:
     def spy(plan, where, *, rank, global_model, **kwargs):
         step = counter[0]
         counter[0] += 1
+        if kwargs.get("local_rank", 0) != 0:  # a worker of several processes: its local rank 0 speaks for it
+            return original(plan, where, rank=rank, global_model=global_model, **kwargs)
         path = os.path.join(probe_dir, f"premerge-rank{rank}-{step}-i{plan.survivor}-{plan.merged}.safetensors")
         safetensors.torch.save_file({"phi": global_model.phi.detach().cpu().contiguous()}, path)
         return original(plan, where, rank=rank, global_model=global_model, **kwargs)
@@ -373,6 +400,9 @@ def main() -> None:
         trainer.add_callback(after)
     probe = EvalProbe(trainer)
     trainer.add_callback(probe)
+    in_worker = InWorker(trainer)
+    if args.processes_per_worker > 1 and spec.get("probes", True):
+        trainer.add_callback(in_worker)
     if spec.get("fail") is not None:
         fail_rank, fail_step, how = spec["fail"]  # how: an exit code, or "hang"
 
@@ -421,6 +451,10 @@ def main() -> None:
         "seen_batches": getattr(trainer, "seen_batches", []),  # none when a resumed run had no step left
         "eval_checks": probe.checks,
         "instances": [[i.id, list(i.workers), i.batch_size] for i in trainer.worker.instances],
+        "worker_id": trainer.worker.worker_id,
+        "steps_checked_in_worker": in_worker.steps_checked,
+        "part": list(trainer.worker.global_model.part or (0, trainer.worker.global_model.numel)),
+        "numel": trainer.worker.global_model.numel,
     }
     with open(os.path.join(probe_dir, f"report-rank{rank}.json"), "w") as f:
         json.dump(report, f)

@@ -1,0 +1,175 @@
+"""Workers of several processes (`processes_per_worker=2`) with real gloo processes: DDP inside a worker, DiLoCo
+across workers (`worker_layout.py`). The assertions that need every process's weights run inside the workers
+(`scripts/adloco_worker.py`: `InWorker`, `BeforeSync`, `AfterSync`)."""
+
+import json
+import os
+
+import pytest
+import safetensors.torch
+import torch
+from helpers import SCRIPTS, flat_params, launch
+from transformers import AutoModelForCausalLM
+
+
+pytestmark = pytest.mark.multiprocess
+
+WORKER = os.path.join(SCRIPTS, "adloco_worker.py")
+EQUIVALENCE = os.path.join(SCRIPTS, "ddp_equivalence_worker.py")
+
+BASE = dict(
+    seed=3, optim="adamw_torch", learning_rate=3e-3, per_device_train_batch_size=2, max_batch_size=4, eta=0.5,
+    processes_per_worker=2,
+)  # fmt: skip
+
+
+def run(tmp_path, config, *, world_size=4, name="out", **extra):
+    out = str(tmp_path / name)
+    probe = tmp_path / f"probe-{name}"
+    spec = {
+        "output_dir": out,
+        "world_size": world_size,
+        "probe_dir": str(probe),
+        "config": {"output_dir": out, **BASE, **config},
+        **extra,
+    }
+    launch(WORKER, json.dumps(spec), num_processes=world_size, timeout=400)
+    return out, probe
+
+
+def reports_of(probe, world_size=4):
+    return [json.load(open(probe / f"report-rank{r}.json")) for r in range(world_size)]
+
+
+def rounds_of(out):
+    return [json.loads(line) for line in open(os.path.join(out, "adloco_rounds.jsonl"))]
+
+
+def merged_params(out):
+    return flat_params(AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged")))
+
+
+def test_two_workers_of_two_processes(tmp_path):
+    config = dict(
+        max_steps=20, inner_steps=10, outer_lr=1.0, outer_momentum=0.0, pseudo_grad_dtype="float32",
+        save_strategy="no",
+    )  # fmt: skip
+    out, probe = run(tmp_path, config)
+    reports = reports_of(probe)
+    numel = merged_params(out).numel()
+    for report in reports:
+        assert report["world_size"] == 4
+        assert report["worker_id"] == report["rank"] // 2
+        assert report["steps_checked_in_worker"] == 20  # the processes of each worker agreed after every step
+        assert report["rounds_checked"] == 2  # every process of the instance agreed after each outer step
+        assert report["min_spread_inside_round"] > 1e-4  # the two workers drift apart inside a round
+        assert report["max_mean_error"] < 1e-6  # and meet at the mean of their weights after it
+        assert report["numel"] == numel
+    # Local ranks 0 and 1 reduce complementary halves of the pseudo-gradient.
+    parts = sorted(tuple(r["part"]) for r in reports if r["worker_id"] == 0)
+    assert parts[0][0] == 0 and parts[0][1] == parts[1][0] and parts[1][1] == numel
+    rounds = rounds_of(out)
+    assert [line["outer_step"] for line in rounds] == [1, 2]
+    for line in rounds:
+        assert line["workers"] == [0, 1]
+        assert line["processes"] == [0, 1, 2, 3] and line["processes_per_worker"] == 2
+        assert line["batch_size"] % 2 == 0 and line["next_batch_size"] % 2 == 0
+        used = line["batch_size"] if line["accumulation_steps"] > 1 else 2 * line["micro_batch_size"]
+        assert line["samples"] == 2 * 10 * used  # two workers, ten steps, the worker's batch
+        # The bytes between workers: two half payloads in float32, the ring total of the whole model.
+        assert line["comm_bytes"] == 2 * (2 - 1) * 4 * numel
+        # Each local rank sends its half: the payload per process between workers is 1/G of the model's.
+        assert line["process_payload_bytes"] == [4 * (b - a) for a, b in parts]
+        assert sum(line["process_payload_bytes"]) == 4 * numel
+    assert rounds[0]["stats_dof"] == 4  # the statistics of all four processes pool (two halves each)
+    assert rounds[0]["batch_size"] == 4  # the initial request: 2 processes × per_device_train_batch_size
+    for report in reports:
+        assert report["seen_batches"][:10] == [2] * 10  # each process draws half of its worker's batch
+
+
+def test_one_worker_of_two_processes_equals_plain_ddp(tmp_path):
+    spec = {"output_dir": str(tmp_path / "out"), "probe_dir": str(tmp_path / "probe"), "max_steps": 10}
+    launch(EQUIVALENCE, json.dumps(spec), num_processes=2, timeout=400)
+    reports = reports_of(tmp_path / "probe", 2)
+    for report in reports:
+        assert report["world_size"] == 2 and report["ddp_group_size"] == 2 and report["rounds"] == 2
+        assert report["moved"] > 1e-3  # the models trained
+        assert report["max_abs_diff"] <= 1e-5, report
+    params = [safetensors.torch.load_file(tmp_path / "probe" / f"params-rank{r}.safetensors") for r in range(2)]
+    assert torch.equal(params[0]["adloco"], params[1]["adloco"])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(merge_transport="all_reduce", eval_merged_model=True),
+        dict(merge_transport="point_to_point", instance_init="independent", pseudo_grad_compression="int8"),
+    ],
+    ids=["all_reduce", "point_to_point"],
+)
+def test_a_merge_of_two_workers_of_two_processes(tmp_path, options):
+    config = dict(
+        max_steps=20, inner_steps=10, num_instances=2, merge_every=2, save_strategy="no", eval_strategy="steps",
+        eval_steps=10, **options,
+    )  # fmt: skip
+    out, probe = run(tmp_path, config, eval=True)
+    reports = reports_of(probe)
+    assert all(r["world_size"] == 4 for r in reports)
+    # Evaluated at step 10 while two instances trained: each instance's loss is that of its own weights (checked
+    # inside every process against a direct evaluation, `EvalProbe`), then the merged model at the end.
+    for report in reports:
+        instances = [check["instance"] for check in report["eval_checks"]]
+        assert instances[0] == report["worker_id"] and instances[-1] == "merged", instances
+    rounds = rounds_of(out)
+    for step in (1, 2):
+        lines = sorted(
+            (line["instance"], line["workers"], line["processes"]) for line in rounds if line["outer_step"] == step
+        )
+        assert lines == [(0, [0], [0, 1]), (1, [1], [2, 3])]
+    assert [line["num_instances"] for line in rounds] == [2, 2, 1, 1]
+    assert sum(bool(line["merged_from"]) for line in rounds) == 1
+
+    # The merge equals the demand-weighted average of the instances' φ before it (saved by worker w's local rank 0).
+    folder = os.path.join(out, "merges", "outer-2")
+    info = json.load(open(os.path.join(folder, "adloco_merge.json")))
+    premerge = probe / "merges"
+
+    def phi_of(worker):
+        name = next(f for f in sorted(os.listdir(premerge)) if f.startswith(f"premerge-rank{worker}-0-"))
+        return safetensors.torch.load_file(os.path.join(premerge, name))["phi"]
+
+    survivor, merged = info["instances"]
+    assert phi_of(0).ne(phi_of(1)).any()
+    expected = info["weights"][0] * phi_of(survivor) + info["weights"][1] * phi_of(merged)
+    saved = flat_params(AutoModelForCausalLM.from_pretrained(folder))
+    assert (saved - expected).abs().max().item() < 1e-6
+    # Every process ends with merged/.
+    final = merged_params(out)
+    for rank in range(4):
+        params = safetensors.torch.load_file(probe / f"final-rank{rank}.safetensors")["params"]
+        assert torch.equal(params, final)
+
+
+RESUME = dict(
+    max_steps=20, inner_steps=5, save_steps=10, num_instances=2, merge_every=3, lr_batch_scaling="sqrt",
+)  # fmt: skip
+
+
+def test_stop_and_resume_with_two_processes_per_worker(tmp_path):
+    full, _ = run(tmp_path, RESUME, name="full", dropout=0.1)
+    # Every process stopped at step 12 (after checkpoint-10, before the merge of round 3), then resumed.
+    part, _ = run(tmp_path, RESUME, name="part", dropout=0.1, fail=["all", 12, 0])
+    checkpoint = os.path.join(part, "checkpoint-10")
+    assert not os.path.isdir(os.path.join(part, "merged"))
+    for rank in range(4):
+        state = torch.load(os.path.join(checkpoint, "adloco", f"rank-{rank}.pt"), weights_only=True)
+        assert state["world_size"] == 4 and state["processes_per_worker"] == 2
+        assert [row[3] for row in state["instances"]] == [[0], [1]]  # worker ids
+    run(tmp_path, RESUME, name="part", dropout=0.1, resume=checkpoint)
+
+    assert (merged_params(part) - merged_params(full)).abs().max().item() <= 1e-6
+    keep = ("outer_step", "instance", "workers", "batch_size", "next_batch_size", "samples", "train_loss",
+            "grad_variance", "pseudo_grad_norm", "merged_from", "num_instances")  # fmt: skip
+    full_rounds, part_rounds = rounds_of(full), rounds_of(part)
+    assert [{k: line[k] for k in keep} for line in part_rounds] == [{k: line[k] for k in keep} for line in full_rounds]
+    assert any(line["merged_from"] for line in full_rounds if line["outer_step"] == 3)  # merged after the resume
