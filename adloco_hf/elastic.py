@@ -112,7 +112,8 @@ def checkpoint_instances(checkpoint_dir: str) -> tuple[int, list[Instance]] | No
     (`checkpoint.check_rank_states` then says what is wrong)."""
     try:
         state = _load(checkpoint_dir, 0)
-        return int(state["world_size"]), [Instance.from_row(row) for row in state["instances"]]
+        workers = int(state["world_size"]) // int(state.get("processes_per_worker", 1))
+        return workers, [Instance.from_row(row) for row in state["instances"]]
     except Exception:  # noqa: BLE001 - missing or unreadable: refused later, with the reason
         return None
 
@@ -132,14 +133,22 @@ def check_instances_fit(checkpoint_dir: str, world_size: int) -> None:
 
 
 def elastic_rank_state(checkpoint_dir: str, rank: int, world_size: int) -> dict[str, Any]:
-    """The resume state of `rank` of `world_size` workers from a checkpoint written by another number of workers,
+    """The resume state of process `rank` of `world_size` from a checkpoint written by another number of workers,
     in the format `Worker.state_dict` writes, with an `elastic` entry describing the change (`Worker._restore`).
 
-    Reads rank 0's file for the shared fields, the source rank's (`ElasticPlan.sources`) for φ, momentum and the
-    inner optimizer, and the sampler entry of every old rank's file for the data re-split.
+    Reads rank 0's file for the shared fields, the source process's (`ElasticPlan.sources`, in workers: process
+    (w, l) of the new run takes the state of process (source of w, l) of the old one) for φ, momentum and the inner
+    optimizer, and the sampler entry of every old process's file for the data re-split (over processes: with
+    `processes_per_worker` = G each process draws its own part, G per worker).
     """
     first = _load(checkpoint_dir, 0)
     old_world_size = int(first["world_size"])
+    g = int(first.get("processes_per_worker", 1))  # the run's own G: a change is refused by run_settings
+    if world_size % g:
+        raise ValueError(
+            f"{checkpoint_dir} was written with processes_per_worker={g}: launch a multiple of {g} processes"
+        )
+    old_workers, new_workers = old_world_size // g, world_size // g
     name = os.path.basename(os.path.normpath(checkpoint_dir))
     states = [first] + [_load(checkpoint_dir, r) for r in range(1, old_world_size)]
     inside = [r for r, state in enumerate(states) if state.get("round") is not None]
@@ -155,10 +164,10 @@ def elastic_rank_state(checkpoint_dir: str, rank: int, world_size: int) -> dict[
         resharded, shard = reshard_stream_states(samplers, world_size), None  # a stream bounds no request
     else:
         resharded = AdaptiveBatchSampler.reshard_sampler_states(samplers, world_size)
-        shard = int(samplers[0]["num_samples"]) // world_size
+        shard = g * (int(samplers[0]["num_samples"]) // world_size)  # a worker's: G processes' shards
     instances = [Instance.from_row(row) for row in first["instances"]]
-    plan = plan_elastic_resume(instances, old_world_size, world_size, max_request=shard)
-    source = states[plan.sources[rank]]
+    plan = plan_elastic_resume(instances, old_workers, new_workers, max_request=shard)
+    source = states[plan.sources[rank // g] * g + rank % g]
     return {
         **source,
         "world_size": world_size,
@@ -169,8 +178,9 @@ def elastic_rank_state(checkpoint_dir: str, rank: int, world_size: int) -> dict[
         "round": None,
         "elastic": {
             "checkpoint": name,
-            "from_workers": old_world_size,
-            "to_workers": world_size,
+            "from_workers": old_workers,
+            "to_workers": new_workers,
+            "processes_per_worker": g,
             "workers_before": {str(inst.id): list(inst.workers) for inst in plan.before},
             "workers_after": {str(inst.id): list(inst.workers) for inst in plan.after},
             "optimizer_sources": list(plan.sources),

@@ -15,22 +15,42 @@ __all__ = ["initialise_weights", "reinitialise", "resolve_max_batch_size"]
 
 @torch.no_grad()
 def initialise_weights(
-    model: torch.nn.Module, mode: str, *, instance: Instance, rank: int, seed: int, group, src: int | None = None
+    model: torch.nn.Module,
+    mode: str,
+    *,
+    instance: Instance,
+    rank: int,
+    seed: int,
+    group,
+    src: int | None = None,
+    intra_group=None,
+    intra_src: int | None = None,
+    shared_group=None,
 ) -> None:
     """Shared init (`mode="shared"`): rank 0's weights everywhere. Independent: instance i re-initialised with
     seed + i on its first worker and broadcast to its other workers over `group` (collective: every rank).
 
-    With several processes per worker, `rank` is this process's worker id (every process of the first worker
-    re-initialises alike), `group` this local rank's group over the instance's workers and `src` its global rank in
-    the first worker (default: `instance.first_worker`, a rank with one process per worker)."""
+    With several processes per worker (`intra_group` given), the weights cross between workers once, between the
+    workers' local ranks 0, and then go from each worker's local rank 0 (`intra_src`) to its other processes over
+    `intra_group` (the fast local links): `rank` is this process's worker id (every process of the first worker
+    re-initialises alike), `group` local rank 0's group over the instance's workers (None on the other local ranks),
+    `src` its global rank in the first worker, and `shared_group` local rank 0's group over all workers (None on
+    the other local ranks)."""
     tensors = list({t.data_ptr(): t for t in model.state_dict().values()}.values())
     if mode == "shared":
-        broadcast_tensors(tensors, src=0)
+        if intra_group is None:
+            broadcast_tensors(tensors, src=0)
+            return
+        if shared_group is not None:
+            broadcast_tensors(tensors, src=0, group=shared_group)
+        broadcast_tensors(tensors, src=intra_src, group=intra_group)
         return
     if rank == instance.first_worker:
         reinitialise(model, seed + instance.id)
-    if len(instance.workers) > 1:
+    if len(instance.workers) > 1 and (group is not None or intra_group is None):
         broadcast_tensors(tensors, src=instance.first_worker if src is None else src, group=group)
+    if intra_group is not None:
+        broadcast_tensors(tensors, src=intra_src, group=intra_group)
 
 
 def reinitialise(model: torch.nn.Module, seed: int) -> None:

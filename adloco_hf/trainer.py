@@ -413,12 +413,6 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         define the run: `run_settings.py`). A checkpoint written by another number of workers is an elastic resume
         (`elastic.py`): its refusals come before anything is loaded."""
         written = check_rank_states(resume_from_checkpoint, self.args.world_size)
-        if written != self.args.world_size and self.worker.processes_per_worker > 1:
-            raise ValueError(
-                f"{resume_from_checkpoint} was written by {written} processes, this run has {self.args.world_size}: "
-                f"an elastic resume is not supported with processes_per_worker={self.worker.processes_per_worker} yet; "
-                f"resume with {written} processes."
-            )
         check_run_settings(resume_from_checkpoint, run_settings(self.args, self.accelerator.unwrap_model(self.model)))
         rank, world_size = self.args.process_index, self.args.world_size
         if written == world_size:

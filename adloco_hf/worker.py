@@ -172,7 +172,10 @@ class Worker:
             )
             self._refresh_groups()
             inst = self.instance
-            group = self.groups.get(self._cross(inst.workers)) if len(inst.workers) > 1 else None
+            # Between workers the weights travel once, local rank 0 to local rank 0, then inside each worker.
+            lead = self.local_rank == 0
+            group = self.groups.get(self._cross(inst.workers)) if len(inst.workers) > 1 and lead else None
+            several = self.processes_per_worker > 1
             initialise_weights(
                 model,
                 self.args.instance_init,
@@ -180,7 +183,10 @@ class Worker:
                 rank=self.worker_id,
                 seed=self.args.seed,
                 group=group,
-                src=self.layout.rank(inst.first_worker, self.local_rank),
+                src=self.layout.rank(inst.first_worker, 0),
+                intra_group=self.intra_group,
+                intra_src=self.layout.rank(self.worker_id, 0),
+                shared_group=self.all_workers_group if several and lead else None,
             )
         else:
             self.instances = [Instance.from_row(row) for row in resume["instances"]]

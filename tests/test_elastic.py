@@ -147,3 +147,37 @@ def test_more_instances_than_workers_is_refused_with_merge_down_first(tmp_path):
     assert str(error.value).startswith("checkpoint-10 holds 4 instances but this run has 2 worker(s)")
     assert "merge down first: resume with the checkpoint's 4 workers until merges (merge_every)" in str(error.value)
     check_instances_fit(str(tmp_path / "not-adloco"), 1)  # no rank files: `check_rank_states` says why later
+
+
+def test_workers_of_two_processes_resume_elastically_in_whole_workers(tmp_path):
+    # 2 workers × 2 processes (instances 0: worker 0, 1: worker 1) resumed as 3 workers × 2 processes.
+    folder = str(tmp_path / "checkpoint-10")
+    instances = initial_instances(2, 2, 4)
+    for rank in range(4):
+        sampler = AdaptiveBatchSampler(NUM_SAMPLES, batch_size=2, num_workers=4, rank=rank)
+        sampler.next_batch()
+        worker = rank // 2
+        save_rank_state(folder, rank, {
+            "world_size": 4, "rank": rank, "processes_per_worker": 2, "outer_step": 2, "last_synced_step": 10,
+            "instances": [i.to_row() for i in instances], "max_batch_size": 8, "base_lrs": [1e-3], "base_adam": [],
+            "global_model": {"phi": torch.full((3,), float(worker)), "momentum": torch.zeros(3)},
+            "inner_optimizer": {"state": {0: {"exp_avg": torch.full((3,), float(rank))}}, "param_groups": []},
+            "sampler": sampler.state_dict(), "scaler": None,
+            "totals": {"tokens": 100, "comm_bytes": 0, "merges": 0, "skipped_rounds": 0, "elapsed": 1.0},
+            "rng": {"cpu": torch.full((2,), rank, dtype=torch.uint8)}, "round": None,
+        })  # fmt: skip
+    assert check_instances_fit(folder, 2) is None
+    states = [elastic_rank_state(folder, rank, 6) for rank in range(6)]
+    after = {row[0]: row[3] for row in states[0]["instances"]}
+    assert sorted(w for workers in after.values() for w in workers) == [0, 1, 2]  # worker ids, not ranks
+    for rank, state in enumerate(states):
+        worker, local = divmod(rank, 2)
+        instance = next(i for i, workers in after.items() if worker in workers)
+        # The same local rank of the instance's old first worker (worker `instance`), or its own state if it stays.
+        assert torch.equal(state["inner_optimizer"]["state"][0]["exp_avg"], torch.full((3,), 2.0 * instance + local))
+        assert torch.equal(state["global_model"]["phi"], torch.full((3,), float(instance)))
+        assert (state["sampler"]["rank"], state["sampler"]["num_workers"]) == (rank, 6)  # re-split over processes
+    elastic = states[0]["elastic"]
+    assert (elastic["from_workers"], elastic["to_workers"], elastic["processes_per_worker"]) == (2, 3, 2)
+    with pytest.raises(ValueError, match="launch a multiple of 2 processes"):
+        elastic_rank_state(folder, 0, 5)

@@ -78,6 +78,25 @@ def test_each_machine_is_its_own_accelerate_launch_in_its_namespace():
     assert parsed.main_process_port == 29555 and parsed.module
     assert parsed.training_script == "recipes.benchmarks._convergence_worker"
     assert parsed.training_script_args == ["spec.json"]
+    # Two machines of two processes each (processes_per_worker=2): 4 processes, 2 per machine.
+    two = links.machine_command(links.LinkPlan(workers=2, prefix="adlkx"), 1, "spec.json", 29555, 2)
+    parsed = launch_command_parser().parse_args(two[7:])
+    assert (parsed.num_processes, parsed.num_machines, parsed.machine_rank) == (4, 2, 1)
+
+
+def test_two_workers_of_two_processes_settings_and_records():
+    args, conv = links.parse_args(["--quick", "--workers", "2", "--processes_per_worker", "2", "--methods", "diloco"])
+    assert args.processes_per_worker == 2
+    result = {"world_size": 4, "parameters": 1000, "comm_bytes": 8000, "wall_seconds": 1.0, "tokens": 10,
+              "final_eval_ppl": 5.0, "evals": []}  # fmt: skip
+    counters = [{"tx": 0, "rx": 0}, {"tx": 0, "rx": 0}]
+    run = links.run_record(
+        result, method="diloco", bandwidth="100mbit", rate_bits=10**8, burst=65536, latency_ms=50, folder="/nonexistent",
+        initial_ppl=None, before=counters, after=[{"tx": 9000, "rx": 9000}, {"tx": 4000, "rx": 4000}],
+        training=None, exit_codes=[0, 0], launch_seconds=1.0, processes_per_worker=2,
+    )  # fmt: skip
+    assert (run["world_size"], run["workers"], run["processes_per_worker"]) == (4, 2, 2)
+    assert run["broadcast_bytes_model"] == 1 * 4 * 1000  # one copy of the weights crosses between the 2 machines
 
 
 def test_launch_command_keeps_one_machine_by_default_and_checks_multi_machine_arguments():

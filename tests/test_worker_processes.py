@@ -4,6 +4,7 @@ across workers (`worker_layout.py`). The assertions that need every process's we
 
 import json
 import os
+import shutil
 
 import pytest
 import safetensors.torch
@@ -161,6 +162,7 @@ def test_stop_and_resume_with_two_processes_per_worker(tmp_path):
     part, _ = run(tmp_path, RESUME, name="part", dropout=0.1, fail=["all", 12, 0])
     checkpoint = os.path.join(part, "checkpoint-10")
     assert not os.path.isdir(os.path.join(part, "merged"))
+    shutil.copytree(part, str(tmp_path / "elastic"))  # resumed elastically below, on 3 workers
     for rank in range(4):
         state = torch.load(os.path.join(checkpoint, "adloco", f"rank-{rank}.pt"), weights_only=True)
         assert state["world_size"] == 4 and state["processes_per_worker"] == 2
@@ -173,3 +175,31 @@ def test_stop_and_resume_with_two_processes_per_worker(tmp_path):
     full_rounds, part_rounds = rounds_of(full), rounds_of(part)
     assert [{k: line[k] for k in keep} for line in part_rounds] == [{k: line[k] for k in keep} for line in full_rounds]
     assert any(line["merged_from"] for line in full_rounds if line["outer_step"] == 3)  # merged after the resume
+
+    # The same checkpoint on 3 workers of 2 processes (an elastic resume in units of workers): the new worker 2
+    # joins an instance; each of its processes takes the state of the same local rank of the instance's old first
+    # worker, and the data is re-split over the 6 processes.
+    elastic = str(tmp_path / "elastic")
+    saved = [torch.load(os.path.join(elastic, "checkpoint-10", "adloco", f"rank-{r}.pt"), weights_only=True)
+             for r in range(4)]  # fmt: skip
+    _, probe = run(tmp_path, RESUME, world_size=6, name="elastic", dropout=0.1,
+                   resume=os.path.join(elastic, "checkpoint-10"), probe_resume=True)  # fmt: skip
+    reports = reports_of(probe, world_size=6)
+    assert [(r["world_size"], r["worker_id"]) for r in reports] == [(6, rank // 2) for rank in range(6)]
+    assert all(r["steps_checked_in_worker"] == 10 for r in reports)  # the processes of each worker agreed
+    resumes = [json.loads(line) for line in open(os.path.join(elastic, "adloco_resumes.jsonl"))]
+    assert len(resumes) == 1 and (resumes[0]["from_workers"], resumes[0]["to_workers"]) == (2, 3)
+    after = {int(i): workers for i, workers in resumes[0]["workers_after"].items()}
+    assert sorted(w for workers in after.values() for w in workers) == [0, 1, 2]
+    for rank in range(6):
+        worker, local = divmod(rank, 2)
+        instance = next(i for i, workers in after.items() if worker in workers)
+        source = saved[2 * instance + local]  # instance i's old first worker is worker i (one worker each)
+        restored = safetensors.torch.load_file(str(probe / f"resume-rank{rank}.safetensors"))
+        assert torch.equal(restored["phi"], source["global_model"]["phi"]), rank
+    elastic_rounds = [line for line in rounds_of(elastic) if line["outer_step"] > 2]
+    assert sorted({w for line in elastic_rounds for w in line["workers"]}) == [0, 1, 2]
+    assert all(
+        line["processes"] == [p for w in line["workers"] for p in (2 * w, 2 * w + 1)] for line in elastic_rounds
+    )
+    assert os.path.isfile(os.path.join(elastic, "merged", "model.safetensors"))

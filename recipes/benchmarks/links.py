@@ -141,13 +141,14 @@ TOLERANCE = 0.15
 FAILURE_GRACE_SECONDS = 30.0
 
 
-def machine_command(plan: LinkPlan, k: int, spec_path: str, port: int) -> list[str]:
-    """Machine K's launch: `accelerate launch` as machine K of `plan.workers`, one worker each, in K's namespace."""
+def machine_command(plan: LinkPlan, k: int, spec_path: str, port: int, processes_per_machine: int = 1) -> list[str]:
+    """Machine K's launch: `accelerate launch` as machine K of `plan.workers`, one worker each, in K's namespace
+    (a worker of `processes_per_machine` processes: `processes_per_worker`, its DDP traffic on the machine)."""
     return [
         "ip", "netns", "exec", plan.namespace(k),
         *launch_command(
-            convergence.WORKER_MODULE, spec_path, num_processes=plan.workers, module=True, num_machines=plan.workers,
-            machine_rank=k, main_process_ip=plan.address(0), main_process_port=port,
+            convergence.WORKER_MODULE, spec_path, num_processes=plan.workers * processes_per_machine, module=True,
+            num_machines=plan.workers, machine_rank=k, main_process_ip=plan.address(0), main_process_port=port,
         ),
     ]  # fmt: skip
 
@@ -277,9 +278,13 @@ def run_record(
     training: list[dict] | None,
     exit_codes: list[int],
     launch_seconds: float,
+    processes_per_worker: int = 1,
 ) -> dict:
-    """One run's entry of results.json, from the worker's result.json and the link counters."""
-    world = result["world_size"]
+    """One run's entry of results.json, from the worker's result.json and the link counters. With
+    `processes_per_worker` = G each machine runs one worker of G processes, and only what crosses between machines
+    (workers) reaches the links."""
+    processes = result["world_size"]
+    world = processes // processes_per_worker  # machines, each one worker (DDP: G of its processes)
     per_worker = [{"tx": a["tx"] - b["tx"], "rx": a["rx"] - b["rx"]} for a, b in zip(after, before)]
     link_bytes = sum(w["tx"] for w in per_worker)  # every byte crosses its sender's link once, then the receiver's
     link_training = None if training is None else sum(w["tx"] for w in training)
@@ -291,9 +296,14 @@ def run_record(
     # worker once (DDP's module sync, AdLoCo's initialisation), inside the training window. Computed, not fitted.
     broadcast = start_broadcast_bytes(world, result["parameters"]) if result.get("parameters") else None
     # Nor are the merged-model evaluations (`eval_merged_model`): each sums the instances' fp32 weights over the world
-    # in one all-reduce, 2 (M − 1) × 4 × parameters, inside the training window. Counted from the eval log.
+    # in one all-reduce, 2 (M − 1) × 4 × parameters, inside the training window (with G processes per worker, on each
+    # of its G local ranks). Counted from the eval log.
     evaluations = merged_evaluations(os.path.join(folder, "adloco_eval.jsonl"))
-    eval_bytes = evaluations * 2 * max(world - 1, 0) * 4 * result["parameters"] if result.get("parameters") else 0
+    eval_bytes = (
+        evaluations * processes_per_worker * 2 * max(world - 1, 0) * 4 * result["parameters"]
+        if result.get("parameters")
+        else 0
+    )
     if broadcast is not None:
         broadcast += eval_bytes
     model_with_broadcast = None if broadcast is None else model + broadcast
@@ -304,7 +314,9 @@ def run_record(
         "bandwidth": bandwidth,
         "bandwidth_bits_per_second": rate_bits,
         "tbf": {"rate_bits_per_second": rate_bits, "burst_bytes": burst, "latency_ms": latency_ms, "both_ways": True},
-        "world_size": world,
+        "world_size": processes,
+        "workers": world,
+        "processes_per_worker": processes_per_worker,
         "folder": folder,
         "wall_seconds": result["wall_seconds"],
         "tokens": result["tokens"],
@@ -642,7 +654,7 @@ def launch_machines(testbed: Testbed, spec: dict, spec_path: str, timeout: float
     def machine(k: int) -> None:
         try:
             result = run_workers(
-                machine_command(plan, k, spec_path, port),
+                machine_command(plan, k, spec_path, port, spec.get("processes_per_worker", 1)),
                 timeout=timeout,
                 env={
                     "TOKENIZERS_PARALLELISM": "false",
@@ -704,7 +716,8 @@ def run_one(
             print(f"{tag} reusing {result_path}", flush=True)
             with open(result_path, encoding="utf-8") as f:
                 result = json.load(f)
-            return record(result, links, method, bandwidth, folder, initial_ppl), result
+            run = record(result, links, method, bandwidth, folder, initial_ppl, spec.get("processes_per_worker", 1))
+            return run, result
     os.makedirs(folder, exist_ok=True)
     for path in (result_path, links_path):
         if os.path.exists(path):
@@ -742,7 +755,7 @@ def run_one(
         return {"error": f"exit {codes}", "launch_seconds": seconds, "folder": folder}, None
     with open(result_path, encoding="utf-8") as f:
         result = json.load(f)
-    run = record(result, links, method, bandwidth, folder, initial_ppl)
+    run = record(result, links, method, bandwidth, folder, initial_ppl, spec.get("processes_per_worker", 1))
     print(
         f"{tag} done in {seconds:.0f}s: wall {run['wall_seconds']:.1f}s, ppl {run['final_eval_ppl']:.2f}, "
         f"{run['tokens']:,} tokens, model {human_bytes(run['model_bytes'])}, links "
@@ -754,7 +767,9 @@ def run_one(
     return run, result
 
 
-def record(result: dict, links: dict, method: str, bandwidth: str, folder: str, initial_ppl) -> dict:
+def record(
+    result: dict, links: dict, method: str, bandwidth: str, folder: str, initial_ppl, processes_per_worker: int = 1
+) -> dict:
     training = None
     start, end = result.get("train_started_at"), result.get("train_ended_at")
     if start is not None and end is not None:
@@ -774,6 +789,7 @@ def record(result: dict, links: dict, method: str, bandwidth: str, folder: str, 
         training=training,
         exit_codes=links["exit_codes"],
         launch_seconds=links["launch_seconds"],
+        processes_per_worker=processes_per_worker,
     )
 
 
@@ -816,6 +832,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argpa
     parser.add_argument("--methods", nargs="+", choices=list(convergence.METHODS), default=list(DEFAULT_METHODS))
     parser.add_argument("--output_dir", default="outputs/benchmarks/links")
     parser.add_argument("--workers", type=int, default=4, help="Workers, one network namespace each.")
+    parser.add_argument(
+        "--processes_per_worker",
+        type=int,
+        default=1,
+        help="Processes per worker (machine): AdLoCo's processes_per_worker, DDP inside the machine; DDP's "
+        "baseline runs over all of them.",
+    )
     parser.add_argument("--prefix", default="adlk", help="Namespace name prefix (<prefix>-br, <prefix>-wK).")
     parser.add_argument("--subnet", default="10.213.87", help="The private /24 of the testbed (first three octets).")
     parser.add_argument("--burst", type=int, default=None, help="tbf burst in bytes (default: max(64 KiB, 4 ms)).")
@@ -868,7 +891,10 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     plan = LinkPlan(workers=args.workers, prefix=args.prefix, subnet=args.subnet)
     settings = convergence.shared_settings(conv)
-    settings["world_size"] = args.workers
+    settings["world_size"] = args.workers * args.processes_per_worker
+    if args.processes_per_worker > 1:
+        settings["processes_per_worker"] = args.processes_per_worker
+        settings["adloco"]["processes_per_worker"] = args.processes_per_worker
     os.makedirs(output_dir, exist_ok=True)
     results: dict = {"bandwidths": {}, "settings": settings, "machine": machine_info()}
     results["links"] = {
