@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The CPU build of this torch lies on our machines; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_VERSION := 2.13.0
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25
 
 .PHONY: install test test-slow test-all quality style demo clean gpu-check
 

@@ -179,6 +179,7 @@ def test_more_instances_than_workers_asks_to_merge_down_first(four_to_two, tmp_p
     assert not os.path.exists(os.path.join(out, "adloco_rounds.jsonl"))
 
 
+@pytest.mark.slow  # make test stays under 15 minutes; `make test-slow` runs it
 def test_an_elastic_resume_with_overlap_and_int4_settles_every_instance(tmp_path):
     """2 → 3 workers with the overlapped, int4-compressed outer step: the average in flight is applied and each
     worker's eager offset and error-feedback residual (its old ring's) dropped, so every worker of an instance

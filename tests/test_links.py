@@ -97,6 +97,13 @@ def test_two_workers_of_two_processes_settings_and_records():
     )  # fmt: skip
     assert (run["world_size"], run["workers"], run["processes_per_worker"]) == (4, 2, 2)
     assert run["broadcast_bytes_model"] == 1 * 4 * 1000  # one copy of the weights crosses between the 2 machines
+    assert run["model_bytes"] == 8000  # AdLoCo's comm_bytes already count only what goes between workers
+    ddp = links.run_record(
+        result, method="ddp", bandwidth="100mbit", rate_bits=10**8, burst=65536, latency_ms=50, folder="/nonexistent",
+        initial_ppl=None, before=counters, after=counters, training=None, exit_codes=[0, 0], launch_seconds=1.0,
+        processes_per_worker=2,
+    )  # fmt: skip
+    assert ddp["model_bytes"] == 4000  # DDP's ring over 4 processes crosses the 2 machines' links on 2 of 4 hops
 
 
 def test_launch_command_keeps_one_machine_by_default_and_checks_multi_machine_arguments():

@@ -143,6 +143,7 @@ def test_a_lost_worker_stops_the_others_with_an_error_naming_it(tmp_path, how):
     assert os.path.isfile(os.path.join(out, "checkpoint-5", "model.safetensors"))
 
 
+@pytest.mark.slow  # the hang path is also covered by test_a_hung_rank_0_is_named_by_the_others; make test < 15 min
 def test_a_worker_hung_inside_a_checkpoint_save_is_named_by_the_others(tmp_path):
     # Rank 1 sleeps inside its save of checkpoint-10: rank 0, done with its own files, waits for it (not for ever).
     out = str(tmp_path / "out")

@@ -292,6 +292,10 @@ def run_record(
     if initial_ppl is not None:
         curve.insert(0, [0.0, 0, initial_ppl])
     model = result["comm_bytes"]
+    if processes_per_worker > 1 and convergence.METHODS.get(method, {}).get("kind") == "ddp":
+        # DDP's ring runs over all the processes, G consecutive ones per machine: of its P hops only the M between
+        # machines cross a link (the others stay on the machine), so the links carry M / P of its ring model.
+        model = model * world // processes
     # Not in comm_bytes (the ring model): at the start of training rank 0 sends its fp32 weights to every other
     # worker once (DDP's module sync, AdLoCo's initialisation), inside the training window. Computed, not fitted.
     broadcast = start_broadcast_bytes(world, result["parameters"]) if result.get("parameters") else None
