@@ -87,8 +87,9 @@ def refuse_what_adloco_cannot_honour(args) -> None:
                 f"{name} is not supported: it shards the model (or its gradients or optimizer states) over the "
                 "processes, but every AdLoCo worker trains a full copy of the model and talks to the others once per "
                 f"round. Remove {name}; to train one worker on several GPUs (data parallel inside the worker) set "
-                "processes_per_worker=G instead; to fit memory use bf16/fp16, gradient_checkpointing=True and "
-                "max_batch_size='auto' (switch mode accumulates micro-batches)."
+                "processes_per_worker=G instead, and worker_parallelism='fsdp' to shard its model over those G "
+                "processes (FSDP2 inside the worker only); to fit memory also use bf16, gradient_checkpointing=True "
+                "and max_batch_size (switch mode accumulates micro-batches)."
             )
     if args.enable_jit_checkpoint:
         raise ValueError(

@@ -24,6 +24,7 @@ MERGE_POLICIES = ("smallest_pair", "largest_smallest")
 MERGE_TRANSPORTS = ("all_reduce", "point_to_point")  # the same as merging.MERGE_TRANSPORTS (config imports no torch)
 MERGE_BATCH_RULES = ("preserve_total", "paper")  # the same as instances.MERGE_BATCH_RULES (config imports no torch)
 INNER_STEPS_RULES = ("fixed", "outer_noise")
+WORKER_PARALLELISMS = ("ddp", "fsdp")
 INSTANCE_INITS = ("shared", "independent")
 PSEUDO_GRAD_DTYPES = ("float32", "bfloat16", "float16")
 OUTER_STATE_DEVICES = ("device", "cpu")
@@ -194,6 +195,13 @@ class AdLoCoConfig(TrainingArguments):
             (`batch_size_cap`, `batch_size_floor`, the rounds file's `batch_size`) are per worker and multiples of
             G; each process draws 1/G of its worker's batch (`per_device_train_batch_size` keeps its meaning: the
             initial request is G × it). See `worker_layout.py`.
+        worker_parallelism (`str`, *optional*, defaults to `"ddp"`):
+            How a worker of `processes_per_worker` > 1 processes trains its replica: `"ddp"` (every process holds
+            the whole model, gradients all-reduced inside the worker) or `"fsdp"` (FSDP2 `fully_shard` over the
+            worker's processes: each holds 1/G of the weights, inner optimizer, φ and outer momentum, and all-reduces
+            only its own shard's pseudo-gradient with the same shard of the other workers). `"fsdp"` needs
+            `processes_per_worker` > 1 and, for now, no fp16 (bf16 works); its gradient statistics come from two
+            halves of each process's batch (at least 2 samples per process), measured by local rank 0.
         worker_timeout (`float`, *optional*, defaults to `1800`):
             Seconds a worker waits for the others at the end of a round (and for any collective of AdLoCo) before
             stopping with an error that names the missing ranks and the round. Keep it above the slowest round's
@@ -343,6 +351,12 @@ class AdLoCoConfig(TrainingArguments):
     processes_per_worker: int = field(
         default=1, metadata={"help": "G, processes per worker (data parallel inside a worker, DiLoCo across)."}
     )
+    worker_parallelism: str = field(
+        default="ddp",
+        metadata={
+            "help": "Inside a worker of processes_per_worker > 1: 'ddp' (full replicas) or 'fsdp' (FSDP2 shards)."
+        },
+    )
     worker_timeout: float = field(
         default=1800.0, metadata={"help": "Seconds to wait for the other workers before stopping with an error."}
     )
@@ -471,6 +485,7 @@ class AdLoCoConfig(TrainingArguments):
                 f"per_device_train_batch_size={self.per_device_train_batch_size}: the initial request must be >= 1."
             )
         self._validate_processes_per_worker()
+        self._validate_worker_parallelism()
         g = self.processes_per_worker
         if self.batch_size_cap is not None and self.batch_size_cap < g * self.per_device_train_batch_size:
             initial = "per_device_train_batch_size=" if g == 1 else f"{g} × per_device_train_batch_size="
@@ -526,6 +541,18 @@ class AdLoCoConfig(TrainingArguments):
                 "outer_overlap=True only has a round later: set outer_overlap=False or inner_steps_rule='fixed'."
             )
 
+    def _validate_worker_parallelism(self) -> None:
+        if self.worker_parallelism not in WORKER_PARALLELISMS:
+            raise ValueError(
+                f"worker_parallelism={self.worker_parallelism!r}: choose one of {list(WORKER_PARALLELISMS)}."
+            )
+        if self.worker_parallelism == "fsdp" and self.processes_per_worker == 1:
+            raise ValueError(
+                "worker_parallelism='fsdp' shards a worker's model over its processes, but processes_per_worker=1: "
+                "set processes_per_worker to the processes of a worker (e.g. the GPUs per node), or "
+                "worker_parallelism='ddp'."
+            )
+
     def _validate_processes_per_worker(self) -> None:
         """`processes_per_worker` (G): an integer >= 1 dividing the launch's processes; the per-worker requests it
         bounds are multiples of G (each process draws 1/G of its worker's batch)."""
@@ -555,6 +582,26 @@ class AdLoCoConfig(TrainingArguments):
                 f"outer_overlap=True is not supported with processes_per_worker={g} yet: set outer_overlap=False, or "
                 "processes_per_worker=1."
             )
+        if self.worker_parallelism == "fsdp":
+            if self.fp16:
+                raise ValueError(
+                    "fp16=True is not supported with worker_parallelism='fsdp' yet (it needs a sharded gradient "
+                    "scaler): set bf16=True instead, or worker_parallelism='ddp'."
+                )
+            # The statistics come from two halves of each process's batch, read from the synced sharded gradients
+            # (grad_stats.py): a one-sample batch per process has no halves (its route through the previous step's
+            # gradient is not sharded yet).
+            floor = self.batch_size_floor
+            if self.batch_size_test != "none" and (
+                self.per_device_train_batch_size < 2 or (floor is not None and floor < 2 * g)
+            ):
+                raise ValueError(
+                    f"batch_size_test={self.batch_size_test!r} with worker_parallelism='fsdp' measures the gradient "
+                    "noise on two halves of every process's batch, which needs at least 2 samples per process: set "
+                    f"per_device_train_batch_size >= 2 (it is {self.per_device_train_batch_size})"
+                    + ("" if floor is None else f" and batch_size_floor >= {2 * g} (it is {floor})")
+                    + ", or batch_size_test='none'."
+                )
 
     def _validate_schedule(self) -> None:
         """Checks on save/eval schedules, after TrainingArguments normalised the strategies."""

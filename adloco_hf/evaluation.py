@@ -213,6 +213,7 @@ def merged_model_loaded(worker: Worker) -> Iterator[None]:
     parameters while inside."""
     global_model = worker.global_model
     params = global_model.params
+    worker.reshard()  # FSDP: the shards are written below, no unsharded copy may stay in use
     with torch.no_grad():
         saved = [p.detach().clone() for p in params]
     rng = get_rng_state()
@@ -224,6 +225,7 @@ def merged_model_loaded(worker: Worker) -> Iterator[None]:
         del merged
         yield
     finally:
+        worker.reshard()
         with torch.no_grad():
             for p, own in zip(params, saved):
                 p.copy_(own)
@@ -236,7 +238,7 @@ def _evaluate_each_instance(trainer: Trainer, worker: Worker, dataset, ignore_ke
     collect = trainer.compute_metrics is not None and not args.prediction_loss_only
     inst = worker.instance
     members = list(worker.layout.ranks_of_workers(inst.workers))  # every process of the instance takes a shard
-    shard = predict_shard(trainer, dataset, members, args.process_index, ignore_keys=ignore_keys, collect=collect)
+    shard = _predict(trainer, worker, dataset, members, ignore_keys=ignore_keys, collect=collect)
     losses = _pool_losses(worker, inst.id, shard)
     per_instance = {i: {} for i in losses}
     if collect:
@@ -257,10 +259,25 @@ def instance_losses(
     """{id: mean loss per token (per sample for models without labels to count)} of the single model (one instance,
     or the merged one) on the whole set, every worker taking a shard; None when the model gave no loss (no labels).
     Several instances are evaluated by `_evaluate_each_instance`."""
-    rank = trainer.args.process_index
     group_id, members = (worker.instances[0].id if worker.instances else 0), list(range(trainer.args.world_size))
-    shard = predict_shard(trainer, dataset, members, rank, ignore_keys=ignore_keys, progress=progress)
+    shard = _predict(trainer, worker, dataset, members, ignore_keys=ignore_keys, progress=progress)
     return _pool_losses(worker, group_id, shard)
+
+
+def _predict(trainer: Trainer, worker: Worker, dataset, members: list[int], **kwargs) -> ShardOutput:
+    """This process's shard of `dataset` split among `members` (`predict_shard`). With worker_parallelism="fsdp"
+    a forward is collective inside a worker, so its processes run the same batches: the set is split among the
+    workers of `members` instead, and only local rank 0 counts its loss (the others' are the same numbers)."""
+    rank = trainer.args.process_index
+    if not worker.fsdp:
+        return predict_shard(trainer, dataset, members, rank, **kwargs)
+    layout = worker.layout
+    leaders = sorted({layout.rank(layout.worker_of(r), 0) for r in members})
+    shard = predict_shard(trainer, dataset, leaders, layout.rank(worker.worker_id, 0), **kwargs)
+    worker.reshard()
+    if worker.local_rank > 0:
+        shard.loss_sum, shard.count = 0.0, 0.0
+    return shard
 
 
 def _pool_losses(worker: Worker, group_id: int, shard: ShardOutput) -> dict[int, float | None]:

@@ -32,6 +32,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 import torch
+import torch.distributed as dist
 
 from .batch_size import GradientStatistics, group_statistics
 
@@ -75,6 +76,11 @@ def adam_root_preconditioner(
     return roots
 
 
+def _local(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """This process's shard of each DTensor (FSDP), plain tensors and Nones as they are."""
+    return [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+
+
 def _sq_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     if not tensors:
         return torch.zeros((), dtype=torch.float64)
@@ -112,6 +118,10 @@ class GradientStatisticsCollector:
         self._previous: list[torch.Tensor] | None = None
         self._previous_grads: list[torch.Tensor] = []
         self.active = False
+        # Sharded parameters (worker_parallelism="fsdp"): hooks never fire and `.grad` is this process's shard of
+        # the worker's synced gradient. Every statistics step then runs as two halves read from `.grad`, and the
+        # sums over the shards are all-reduced over this group (the worker's processes).
+        self.sum_group = None
 
     # ---- one step split into chunks ----
     def start(self, chunk_weights: Sequence[float], root_preconditioner: list[torch.Tensor] | None = None) -> None:
@@ -128,6 +138,9 @@ class GradientStatisticsCollector:
         self._set_aside = None
         # Two halves of chunks when inner products are needed and there are more than two chunks.
         self._boundary = (len(chunk_weights) + 1) // 2 if self.inner_products and len(chunk_weights) > 2 else None
+        if self.sum_group is not None:
+            self._boundary = (len(chunk_weights) + 1) // 2
+            self._root = None if root_preconditioner is None else _local(root_preconditioner)
         if self._boundary is None:
             self._handles = [p.register_hook(functools.partial(self._hook, i)) for i, p in enumerate(self.params)]
         self.active = True
@@ -188,11 +201,18 @@ class GradientStatisticsCollector:
         first = self._set_aside
         self._set_aside = None
         second = [p.grad for p in self.params]
-        both = [(a, b) if a is not None and b is not None else (None, None) for a, b in zip(first, second)]
+        local_first, local_second = (_local(first), _local(second)) if self.sum_group is not None else (first, second)
+        both = [(a, b) if a is not None and b is not None else (None, None) for a, b in zip(local_first, local_second)]
         pairs = list(zip(self._metric([a for a, _ in both]), self._metric([b for _, b in both])))
-        sq_first = float(_sq_norm(self._metric(first)))
-        sq_second = float(_sq_norm(self._metric(second)))
+        sq_first = float(_sq_norm(self._metric(local_first)))
+        sq_second = float(_sq_norm(self._metric(local_second)))
         cross = float(_dot([a for a, _ in pairs], [b for _, b in pairs])) if pairs else 0.0
+        if self.sum_group is not None:  # every process of the worker holds a shard: the sums over all of them
+            sums = torch.tensor([sq_first, sq_second, cross], dtype=torch.float64)
+            if pairs:
+                sums = sums.to(pairs[0][0].device)
+            dist.all_reduce(sums, group=self.sum_group)
+            sq_first, sq_second, cross = (float(v) for v in sums)
         # Put the whole step's gradient back in `.grad` before anything else reads it.
         for p, a in zip(self.params, first):
             if a is None:

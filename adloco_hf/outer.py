@@ -99,6 +99,9 @@ class GlobalModel:
         self.part: tuple[int, int] | None = None
         self._intra_group = None
         self._parts = 1
+        # worker_parallelism="fsdp" (`shard_over`): `params` are this process's shards; the norms are summed over
+        # the worker's processes so that all of them report the whole model's and skip a round alike.
+        self._norm_group = None
         self.copy_from_params()
 
     @classmethod
@@ -127,6 +130,19 @@ class GlobalModel:
             return
         self._intra_group, self._parts = intra_group, processes_per_worker
         self.part = part_range(self.numel, processes_per_worker, local_rank)
+
+    def shard_over(self, intra_group) -> None:
+        """`params` are this process's FSDP shards (the same shard as this local rank of the other workers): Δ is
+        all-reduced across workers as it is, and only its norms are summed over the worker's `intra_group`."""
+        self._norm_group = intra_group
+
+    def _whole_norms(self, norm: float, local_sq: float) -> tuple[float, float]:
+        """With sharded parameters: the whole model's ‖Δ‖ and ‖Δ_w‖² from every process's shard (one all-reduce)."""
+        if self._norm_group is None:
+            return norm, local_sq
+        sums = torch.tensor([norm * norm, local_sq], dtype=torch.float64, device=comm_device(self.device))
+        dist.all_reduce(sums, group=self._norm_group)
+        return math.sqrt(float(sums[0])), float(sums[1])
 
     def _gather_parts(self, delta: torch.Tensor) -> None:
         """Every process's averaged slice into the whole of `delta` (one all-gather over the intra group)."""
@@ -222,6 +238,7 @@ class GlobalModel:
         elif num_workers > 1:
             self.reduce.start(delta, group, num_workers, out=delta).wait()
         norm = float(torch.linalg.vector_norm(delta))
+        norm, local_sq = self._whole_norms(norm, local_sq)
         skipped = not math.isfinite(norm)
         if not skipped:
             self.optimizer.step()

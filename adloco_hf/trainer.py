@@ -24,6 +24,7 @@ from .checkpoint import (
     load_rank_state,
     save_errors,
     save_global_weights,
+    save_model_folder,
 )
 from .config import AdLoCoConfig
 from .console import restart_rate_estimate
@@ -96,6 +97,9 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
                 "eval_dataset=... or set eval_strategy='no'"
             )
         self.worker = Worker(args)
+        # worker_parallelism="fsdp": shard before the Trainer creates the optimizer (in train()), so that AdamW holds
+        # the shards; the Trainer's own FSDP (which would shard over the world) stays refused (compat.py).
+        self.worker.shard(self.model)
         self._preempted_at: int | None = None
         self.train_sampler: AdaptiveBatchSampler | AdaptiveStreamSampler | None = None
         self._train_loader: DataLoader | None = None
@@ -276,8 +280,8 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         if not training:
             return model
         prepared = self.accelerator.prepare_model(model, evaluation_mode=True)
-        if self.worker.processes_per_worker == 1:
-            return prepared
+        if self.worker.processes_per_worker == 1 or self.worker.fsdp:
+            return prepared  # FSDP: sharded in __init__, its collectives run inside the worker's group
         args = self.args
         device = self.accelerator.device
         kwargs = {
@@ -408,19 +412,77 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         """Every worker's state, staged and renamed into place once all have written (see `staged_save.py`)."""
         save_staged_checkpoint(self, self.worker, trial)
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """worker_parallelism="fsdp": the full model gathered inside worker 0 (collective over its processes) and
+        written by rank 0 as plain safetensors that `from_pretrained` loads; otherwise the Trainer's."""
+        if not self.worker.fsdp:
+            return super().save_model(output_dir, _internal_call=_internal_call)
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        state = self.worker.full_state_dict() if self.worker.worker_id == 0 else None
+        if self.args.should_save:
+            self._save(output_dir, state_dict=state)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """worker_parallelism="fsdp": only the schedule (rank 0); each process's optimizer shard is in its
+        `adloco/rank-R.pt`, and rank 0's shard alone would be no optimizer for the others."""
+        if not self.worker.fsdp:
+            return super()._save_optimizer_and_scheduler(output_dir)
+        if self.args.should_save:
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, "scheduler.pt"))
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """worker_parallelism="fsdp": the schedule only (the inner optimizer's shard is restored from rank-R.pt)."""
+        if not self.worker.fsdp:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None and os.path.isfile(os.path.join(checkpoint, "scheduler.pt")):
+            self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, "scheduler.pt"), weights_only=True))
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         """Load the weights as the Trainer does, then this worker's AdLoCo state (refusing changed settings that
         define the run: `run_settings.py`). A checkpoint written by another number of workers is an elastic resume
         (`elastic.py`): its refusals come before anything is loaded."""
         written = check_rank_states(resume_from_checkpoint, self.args.world_size)
+        if written != self.args.world_size and self.worker.fsdp:
+            raise ValueError(
+                f"{resume_from_checkpoint} was written by {written} processes, this run has {self.args.world_size}: "
+                "an elastic resume is not supported with worker_parallelism='fsdp' yet; resume with "
+                f"{written} processes, or train with worker_parallelism='ddp'."
+            )
         check_run_settings(resume_from_checkpoint, run_settings(self.args, self.accelerator.unwrap_model(self.model)))
         rank, world_size = self.args.process_index, self.args.world_size
         if written == world_size:
             state = load_rank_state(resume_from_checkpoint, rank)
         else:
             state = elastic_rank_state(resume_from_checkpoint, rank, world_size)
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        if self.worker.fsdp:
+            self._load_sharded_weights(resume_from_checkpoint)
+        else:
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
         self.worker.load_state_dict(state)
+
+    def _load_sharded_weights(self, checkpoint: str) -> None:
+        """worker_parallelism="fsdp": every process reads the checkpoint's full safetensors and keeps its own rows
+        (no communication). AdLoCo's φ and the round's weights, restored next, overwrite the trainables anyway."""
+        import glob
+
+        import safetensors.torch
+
+        from .worker_fsdp import load_full_state_dict
+
+        full = {}
+        for path in sorted(glob.glob(os.path.join(checkpoint, "*.safetensors"))):
+            full.update(safetensors.torch.load_file(path))
+        if not full:
+            raise FileNotFoundError(
+                f"{checkpoint} holds no *.safetensors model files to resume the sharded model from"
+            )
+        missing = load_full_state_dict(self.accelerator.unwrap_model(self.model), full)
+        tied = set(getattr(self.accelerator.unwrap_model(self.model), "_tied_weights_keys", None) or ())
+        missing = [name for name in missing if name not in tied]
+        if missing:
+            logger.warning(
+                "%s lacks %d tensors of the model (kept as built): %s", checkpoint, len(missing), missing[:5]
+            )
 
     def _init_training_state(self, max_steps, *args, **kwargs):
         """On resume the Trainer takes logging/eval/save steps from the checkpoint's trainer_state.json: this run's
@@ -440,9 +502,19 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         super().end()
 
     # ---- merges and the merged model ----
-    def _save_global_weights(self, folder: str, phi: torch.Tensor, *, title: str, extra: dict | None = None) -> str:
-        """Save flat global weights as a `from_pretrained` folder with a model card (on the writing rank)."""
+    def _save_global_weights(self, folder: str, phi, *, title: str, extra: dict | None = None) -> str:
+        """Save flat global weights as a `from_pretrained` folder with a model card (on the writing rank). With
+        worker_parallelism="fsdp", `phi` is the full state dict already gathered (`Worker.full_save_state`)."""
         card = self.render_card(folder, title)
+        if isinstance(phi, dict):
+            return save_model_folder(
+                folder,
+                self.accelerator.unwrap_model(self.model),
+                state_dict=phi,
+                processing_class=self.processing_class,
+                card=card,
+                extra_files=extra,
+            )
         return save_global_weights(
             folder,
             self.accelerator.unwrap_model(self.model),
@@ -474,9 +546,12 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         """
         folder = output_dir or os.path.join(self.args.output_dir, "merged")
         self.worker.finish()
+        phi = self.worker.global_model.phi.detach()
+        if self.worker.fsdp and self.worker.worker_id == 0:
+            phi = self.worker.full_save_state(phi)  # collective over worker 0's processes, before rank 0 writes
         if self.is_world_process_zero():
             with save_errors(folder, self.args.output_dir, self.worker.monitor.report):
-                self.save_merged_folders(folder, self.worker.global_model.phi.detach())  # and merged-full/, cards
+                self.save_merged_folders(folder, phi)  # and merged-full/, cards
             logger.info("saved the merged model to %s", folder)
         self.worker.monitor.check(f"saving {folder}", self.worker.resume_hint)
         return folder

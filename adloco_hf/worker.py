@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from transformers import set_seed
 
-from . import merging
+from . import merging, worker_fsdp
 from .batch_size import GradientStatistics
 from .checkpoint import remove_stale_staging, resume_hint
 from .config import AdLoCoConfig
@@ -32,6 +32,7 @@ from .console import get_logger
 from .distributed import (
     ProcessGroupCache,
     WorkerMonitor,
+    broadcast_tensors,
     check_models_match,
     destroy_process_groups_at_exit,
     get_rank,
@@ -84,7 +85,10 @@ class Worker:
     With `processes_per_worker` = G > 1 a worker is G consecutive processes training one replica through DDP
     (`worker_layout.py`): each of them holds a `Worker` with the same worker id, the same instance table, φ and outer
     momentum; local rank l all-reduces slice l of the pseudo-gradient with local rank l of the instance's other
-    workers, and merges run over each local rank's own ranks on identical data.
+    workers, and merges run over each local rank's own ranks on identical data. With
+    `worker_parallelism="fsdp"` the G processes shard the replica instead (`worker_fsdp.py`): φ, the outer momentum
+    and the pseudo-gradient of local rank l are those of its shard l, all-reduced with the same shard of the other
+    workers; models are written after gathering the full tensors inside the worker.
 
     Args:
         args: the run's [`AdLoCoConfig`].
@@ -99,6 +103,9 @@ class Worker:
         self.worker_id = self.layout.worker_of(self.rank)  # == rank with one process per worker
         self.local_rank = self.layout.local_rank(self.rank)
         self.num_workers = self.layout.num_workers
+        # worker_parallelism="fsdp": the worker's processes shard one replica (FSDP2, `worker_fsdp.py`); AdLoCo's
+        # φ, momentum and pseudo-gradient are then this process's shard's.
+        self.fsdp = self.processes_per_worker > 1 and getattr(args, "worker_parallelism", "ddp") == "fsdp"
         self._intra_group = None
         self.groups = ProcessGroupCache(timeout=args.worker_timeout)
         # An overlapped outer step's all-reduce is in flight while the next round runs (evaluation gathers, the
@@ -155,6 +162,8 @@ class Worker:
         self.collector = GradientStatisticsCollector(
             model.parameters(), inner_products=self.args.batch_size_test in INNER_PRODUCT_TESTS
         )
+        if self.fsdp:
+            self.collector.sum_group = self.intra_group  # two halves from the synced shards (grad_stats.py)
         if self.args.lr_batch_scaling != "none":
             check_scheduler(lr_scheduler)
         if self.args.noise_preconditioner == "adam":
@@ -172,28 +181,41 @@ class Worker:
             )
             self._refresh_groups()
             inst = self.instance
-            # Between workers the weights travel once, local rank 0 to local rank 0, then inside each worker.
-            lead = self.local_rank == 0
-            group = self.groups.get(self._cross(inst.workers)) if len(inst.workers) > 1 and lead else None
-            several = self.processes_per_worker > 1
-            initialise_weights(
-                model,
-                self.args.instance_init,
-                instance=inst,
-                rank=self.worker_id,
-                seed=self.args.seed,
-                group=group,
-                src=self.layout.rank(inst.first_worker, 0),
-                intra_group=self.intra_group,
-                intra_src=self.layout.rank(self.worker_id, 0),
-                shared_group=self.all_workers_group if several and lead else None,
-            )
+            if self.fsdp:  # every local rank holds its own shard: each sends its shard between workers
+                group = self.groups.get(self._cross(inst.workers)) if len(inst.workers) > 1 else None
+                self._initialise_shards(model, inst, group)
+            else:
+                # Between workers the weights travel once, local rank 0 to local rank 0, then inside each worker.
+                lead = self.local_rank == 0
+                group = self.groups.get(self._cross(inst.workers)) if len(inst.workers) > 1 and lead else None
+                several = self.processes_per_worker > 1
+                initialise_weights(
+                    model,
+                    self.args.instance_init,
+                    instance=inst,
+                    rank=self.worker_id,
+                    seed=self.args.seed,
+                    group=group,
+                    src=self.layout.rank(inst.first_worker, 0),
+                    intra_group=self.intra_group,
+                    intra_src=self.layout.rank(self.worker_id, 0),
+                    shared_group=self.all_workers_group if several and lead else None,
+                )
         else:
             self.instances = [Instance.from_row(row) for row in resume["instances"]]
             self._refresh_groups()
-        self.global_model = GlobalModel.from_args(self._trainable(), self.args)
-        self.global_model.split_over(self.intra_group, self.processes_per_worker, self.local_rank)
+        self.global_model = GlobalModel.from_args(self._part(), self.args)
+        if self.fsdp:
+            self.global_model.shard_over(self.intra_group)
+        else:
+            self.global_model.split_over(self.intra_group, self.processes_per_worker, self.local_rank)
         if resume is None:
+            if self.fsdp and self.args.max_batch_size == "auto" and self.args.device.type == "cuda":
+                raise ValueError(
+                    "max_batch_size='auto' probes batches until one runs out of memory, which a sharded forward "
+                    "(worker_parallelism='fsdp', collective inside the worker) cannot survive on one process alone: "
+                    "set max_batch_size to the largest micro-batch per process, or worker_parallelism='ddp'."
+                )
             self.max_batch_size = resolve_max_batch_size(self.args, self._trainable(), probe_step)
             self._train_start = time.time()
         else:
@@ -217,6 +239,71 @@ class Worker:
 
     def _trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self._model.parameters() if p.requires_grad]
+
+    def _part(self) -> list[torch.Tensor]:
+        """What AdLoCo's φ mirrors on this process: the trainable parameters, or with FSDP their local shards
+        (aliases of the sharded parameters' storage)."""
+        if self.fsdp:
+            worker_fsdp.reshard(self._model)
+            return worker_fsdp.local_shards(self._trainable())
+        return self._trainable()
+
+    def reshard(self) -> None:
+        """FSDP: every unit back to its shards (after an evaluation's forward the root stays unsharded), so that
+        writes to the shards are the ones the next forward gathers. Nothing otherwise."""
+        if self.fsdp and self._model is not None:
+            worker_fsdp.reshard(self._model)
+
+    def shard(self, model: torch.nn.Module) -> None:
+        """worker_parallelism="fsdp": shard `model` over this worker's processes (collective on every rank: the intra
+        groups are made here; before the optimizer exists)."""
+        if self.fsdp:
+            worker_fsdp.shard_model(model, self.intra_group)
+
+    def full_values(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """The trainable parameters' values held in `flat` (a φ of this process), full-shaped. With FSDP collective
+        over the worker's processes (each contributes its shard); otherwise views of `flat`."""
+        if not self.fsdp:
+            return self.global_model.views_of(flat)
+        return worker_fsdp.full_values(self._trainable(), self.global_model.views_of(flat))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """With FSDP the model's full state dict (collective over the worker's processes); None otherwise."""
+        if not self.fsdp:
+            return None
+        worker_fsdp.reshard(self._model)
+        return worker_fsdp.full_state_dict(self._model)
+
+    def full_save_state(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """With FSDP: the full state dict (CPU, the model's dtypes) whose trainable parameters hold `flat`, this
+        process's shard of a φ; what `save_model_folder` writes. Collective over the worker's processes."""
+        base = self.full_state_dict()
+        names = [n for n, p in self._model.named_parameters() if p.requires_grad]
+        for name, value in zip(names, self.full_values(flat)):
+            base[name] = value.to(base[name].dtype).contiguous()
+        return base
+
+    @torch.no_grad()
+    def _initialise_shards(self, model: torch.nn.Module, inst: Instance, group) -> None:
+        """`initialise_weights` for a sharded model: the same, shard by shard over this local rank's groups."""
+        from torch.distributed.tensor import DTensor
+
+        seen, tensors = set(), []
+        for t in model.state_dict().values():
+            local = t.to_local() if isinstance(t, DTensor) else t
+            if local.numel() and local.data_ptr() not in seen:
+                seen.add(local.data_ptr())
+                tensors.append(local)
+        if self.args.instance_init == "shared":
+            broadcast_tensors(tensors, src=self.layout.rank(0, self.local_rank), group=self.all_workers_group)
+            return
+        if self.worker_id == inst.first_worker:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.args.seed + inst.id)
+                fresh = type(model)(model.config).state_dict()
+            worker_fsdp.load_full_state_dict(model, fresh)
+        if len(inst.workers) > 1:
+            broadcast_tensors(tensors, src=self.layout.rank(inst.first_worker, self.local_rank), group=group)
 
     def _refresh_groups(self) -> None:
         # Every rank creates the groups of every instance, in id order: new_group is collective. With G processes per
@@ -312,6 +399,8 @@ class Worker:
         while another did not would hang DDP)."""
         if self.processes_per_worker == 1 or self.args.batch_size_test == "none" or self.collector is None:
             return False
+        if self.fsdp:
+            return False  # FSDP's statistics are read from the synced shards (two halves), never local gradients
         one_sample = self.plan.batch_size == 1 and not self.plan.accumulates
         return self.is_round_end(step + 1) or (one_sample and self.is_round_end(step + 2))
 
@@ -349,7 +438,9 @@ class Worker:
             scale = self._loss_scale()
             root = self._root_preconditioner() if plan.statistics is not Statistics.NONE else None
             if plan.statistics is Statistics.SPLIT and self.collector.active:
-                self._tally.stats = self.collector.finish(samples=samples, loss_scale=scale)
+                # FSDP: each half's gradient is the mean over the worker's processes, a group of G × its samples.
+                measured = samples * self.processes_per_worker if self.fsdp else samples
+                self._tally.stats = self.collector.finish(samples=measured, loss_scale=scale)
             elif plan.statistics is Statistics.PREVIOUS:
                 self._tally.stats = self.collector.finish_with_previous(loss_scale=scale, root_preconditioner=root)
             if plan.statistics is not Statistics.NONE and self.args.noise_preconditioner == "adam" and root is None:
@@ -372,6 +463,8 @@ class Worker:
         """Outer step, decisions from the all-gathered reports, merge if due, logs (every rank, same order)."""
         where = f"round {self.outer_step + 1} (step {global_step})"
         self.monitor.check(where, self.resume_hint)
+        if self.fsdp:
+            worker_fsdp.reshard(self._model)  # φ is written into the sharded parameters
         self.outer_step += 1
         inst = self.instance
         started = time.perf_counter()
@@ -380,9 +473,11 @@ class Worker:
         if result.skipped or not result.local_finite:
             self._clean_inner_optimizer()
         tally = self._tally
+        # FSDP: the worker's processes measured the same statistics (sums over the shards): local rank 0 reports them.
+        stats = None if self.fsdp and self.local_rank > 0 else tally.stats
         report = WorkerReport(
             instance=inst.id,
-            stats=tally.stats or GradientStatistics.missing(),
+            stats=stats or GradientStatistics.missing(),
             loss_sum=float(tally.loss_sum),
             loss_steps=tally.loss_steps,
             samples=tally.samples,
@@ -472,7 +567,8 @@ class Worker:
             f"merge at round {self.outer_step}",
             rank=self.worker_id,
             global_model=self.global_model,
-            inner_optimizer=self._optimizer,
+            # FSDP: the optimizer's shards travel as plain tensors (point-to-point merges send them to joiners)
+            inner_optimizer=worker_fsdp.LocalOptimizerState(self._optimizer) if self.fsdp else self._optimizer,
             with_momentum=self.args.outer_momentum > 0,
             save=self.args.save_merges,
             monitor=self.monitor,
@@ -482,6 +578,7 @@ class Worker:
             layout=self.layout,
             local_rank=self.local_rank,
             global_rank=self.rank,
+            gather=self.full_save_state if self.fsdp else None,
         )
         if changed_instance:
             self.collector.forget()  # its kept gradient belongs to the old instance's weights
@@ -498,6 +595,8 @@ class Worker:
         if self.rank == 0:
             for warning in final_merge_warnings(self.instances):
                 logger.warning(warning)
+        if self.fsdp:
+            worker_fsdp.reshard(self._model)  # φ is written into the sharded parameters
         with self.monitor.watch("final merge", self.resume_hint):
             self.global_model.settle()  # overlapped: the last round's average, so every instance's workers agree
             group = self.monitor.message_group
@@ -556,13 +655,18 @@ class Worker:
             "base_lrs": self._base_lrs,
             "base_adam": self._base_adam,
             "global_model": self.global_model.state_dict(),
-            "inner_optimizer": self._optimizer.state_dict(),
+            "inner_optimizer": self._inner_optimizer_state(),
             "sampler": self._sampler.state_dict(),
             "scaler": None if self._scaler is None else self._scaler.state_dict(),
             "totals": {**asdict(self.totals), "elapsed": elapsed},
             "rng": get_rng_state(),
-            "round": self._tally.state_dict(self._trainable(), self.collector),
+            "round": self._tally.state_dict(self._part(), self.collector),
         }
+
+    def _inner_optimizer_state(self) -> dict[str, Any]:
+        """The inner optimizer's state dict; with FSDP this process's shards as plain tensors."""
+        state = self._optimizer.state_dict()
+        return worker_fsdp.local_optimizer_state(state) if self.fsdp else state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Keep a checkpoint's state until `start` (models and optimizers are set up in between). The trainer has
@@ -589,12 +693,15 @@ class Worker:
         self._train_start = time.time()
         self.global_model.load_state_dict(state["global_model"])
         self.global_model.copy_to_params()
-        self._optimizer.load_state_dict(state["inner_optimizer"])
+        inner = state["inner_optimizer"]
+        if self.fsdp:
+            inner = worker_fsdp.sharded_optimizer_state(inner, self._optimizer)
+        self._optimizer.load_state_dict(inner)
         self._sampler.load_state_dict(state["sampler"])
         if self._scaler is not None and state["scaler"] is not None:
             self._scaler.load_state_dict(state["scaler"])
         if state.get("round") is not None:
-            self._tally = RoundTally.restore(state["round"], self._trainable(), self.collector)
+            self._tally = RoundTally.restore(state["round"], self._part(), self.collector)
         self._rng_to_restore = state.get("rng")  # right before the first inner step, see `rng.py`
         if state.get("elastic") is not None:
             self._settle_elastic()

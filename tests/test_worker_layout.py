@@ -184,6 +184,38 @@ def test_outer_overlap_is_refused_with_several_processes_per_worker(tmp_path, mo
         AdLoCoConfig._validate_processes_per_worker(config)
 
 
+def test_fsdp_needs_several_processes_per_worker(tmp_path):
+    with pytest.raises(ValueError, match="worker_parallelism='fsdp'.*processes_per_worker=1"):
+        _config(tmp_path, worker_parallelism="fsdp")
+    with pytest.raises(ValueError, match="worker_parallelism='zero'"):
+        _config(tmp_path, worker_parallelism="zero")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"fp16": True}, "fp16=True is not supported with worker_parallelism='fsdp'"),
+        ({"per_device_train_batch_size": 1}, "per_device_train_batch_size >= 2"),
+        ({"batch_size_floor": 2}, r"batch_size_floor >= 4 \(it is 2\)"),
+    ],
+)
+def test_fsdp_refusals_name_the_field_and_the_fix(tmp_path, monkeypatch, fields, message):
+    config = replace_fields(_config(tmp_path), processes_per_worker=2, worker_parallelism="fsdp", **fields)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match=message):
+        AdLoCoConfig._validate_processes_per_worker(config)
+    replace_fields(config, batch_size_test="none", fp16=False)
+    AdLoCoConfig._validate_processes_per_worker(config)  # fixed batches need no statistics: accepted
+
+
+def test_a_resume_with_another_worker_parallelism_is_refused():
+    assert "worker_parallelism" in TRAJECTORY_FIELDS
+    refused, _ = compare_run_settings(
+        {"settings": {"worker_parallelism": "fsdp"}}, {"settings": {"worker_parallelism": "ddp"}}
+    )
+    assert [change.field for change in refused] == ["worker_parallelism"]
+
+
 def test_sharding_options_point_at_processes_per_worker(tmp_path):
     with pytest.raises(ValueError, match="processes_per_worker=G"):
         _config(tmp_path, fsdp="full_shard")

@@ -1,0 +1,143 @@
+"""Workers of several processes sharding one replica with FSDP2 (`worker_parallelism="fsdp"`, `worker_fsdp.py`):
+4 real gloo processes on the CPU, 2 workers of 2 processes. The checks that need every process's weights run in
+the workers (`scripts/fsdp_worker.py`)."""
+
+import json
+import os
+
+import pytest
+import safetensors.torch
+import torch
+from helpers import SCRIPTS, flat_params, launch
+from transformers import AutoModelForCausalLM
+
+
+pytestmark = pytest.mark.multiprocess
+
+WORKER = os.path.join(SCRIPTS, "fsdp_worker.py")
+
+BASE = dict(
+    seed=3, optim="adamw_torch", learning_rate=3e-3, per_device_train_batch_size=2, max_batch_size=4,
+    processes_per_worker=2, worker_parallelism="fsdp",
+)  # fmt: skip
+
+
+def run(tmp_path, config, *, world_size=4, name="out", **extra):
+    out = str(tmp_path / name)
+    probe = tmp_path / f"probe-{name}"
+    spec = {
+        "output_dir": out,
+        "world_size": world_size,
+        "probe_dir": str(probe),
+        "config": {"output_dir": out, **BASE, **config},
+        **extra,
+    }
+    launch(WORKER, json.dumps(spec), num_processes=world_size, timeout=400)
+    return out, probe
+
+
+def reports_of(probe, world_size=4):
+    return [json.load(open(probe / f"report-rank{r}.json")) for r in range(world_size)]
+
+
+def rounds_of(out):
+    return [json.loads(line) for line in open(os.path.join(out, "adloco_rounds.jsonl"))]
+
+
+def merged_params(out):
+    return flat_params(AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged")))
+
+
+def test_two_workers_of_two_processes_fsdp(tmp_path):
+    config = dict(
+        max_steps=12, inner_steps=4, outer_lr=1.0, outer_momentum=0.0, pseudo_grad_dtype="float32",
+        save_strategy="no", eval_strategy="steps", eval_steps=8, eval_merged_model=True,
+    )  # fmt: skip
+    out, probe = run(tmp_path, config, eval=True)
+    reports = reports_of(probe)
+    merged = merged_params(out)  # a plain from_pretrained folder, gathered from the shards
+    numel = merged.numel()
+    for report in reports:
+        assert report["world_size"] == 4 and report["sharded"]
+        assert report["worker_id"] == report["rank"] // 2 and report["local_rank"] == report["rank"] % 2
+        assert report["steps_checked"] == 12 and report["rounds_checked"] == 3
+        assert report["min_spread_inside_round"] > 1e-6
+        assert report["full_numel"] == numel
+    # φ is sharded like the model: each local rank holds about half of it.
+    assert reports[0]["part_numel"] + reports[1]["part_numel"] == numel
+    assert (
+        reports[0]["part_numel"] == reports[2]["part_numel"] and reports[1]["part_numel"] == reports[3]["part_numel"]
+    )
+    for line in rounds_of(out):
+        assert line["workers"] == [0, 1] and line["processes"] == [0, 1, 2, 3]
+        # The gradient noise, from two halves of the synced sharded gradients (local rank 0 of each worker reports).
+        assert line["grad_variance"] is not None and line["grad_variance"] > 0
+        assert line["comm_bytes"] == 2 * 1 * 4 * numel  # two half payloads, one ring of 2 workers each
+    final = safetensors.torch.load_file(str(probe / "final-rank0.safetensors"))["params"]
+    assert torch.equal(final, merged)
+    evals = [json.loads(line) for line in open(os.path.join(out, "adloco_eval.jsonl"))]
+    assert evals and all(torch.isfinite(torch.tensor(line["eval_loss"])) for line in evals)
+
+
+RESUME = dict(max_steps=16, inner_steps=4, save_steps=8, num_instances=2, merge_every=3)
+
+
+def test_fsdp_stop_and_resume_and_merges(tmp_path):
+    full, _ = run(tmp_path, RESUME, name="full", dropout=0.1)
+    part, _ = run(tmp_path, RESUME, name="part", dropout=0.1, fail=[10, 0])
+    checkpoint = os.path.join(part, "checkpoint-8")
+    assert not os.path.isdir(os.path.join(part, "merged"))
+    # The checkpoint's model files are the full model; each process's state holds its shard.
+    assert flat_params(AutoModelForCausalLM.from_pretrained(checkpoint)).numel() == merged_params(full).numel()
+    states = [torch.load(os.path.join(checkpoint, "adloco", f"rank-{r}.pt"), weights_only=True) for r in range(4)]
+    numel = merged_params(full).numel()
+    assert sum(s["global_model"]["phi"].numel() for s in states[:2]) == numel
+    run(tmp_path, RESUME, name="part", dropout=0.1, resume=checkpoint)
+    assert (merged_params(part) - merged_params(full)).abs().max().item() <= 1e-6
+    keep = ("outer_step", "instance", "workers", "batch_size", "next_batch_size", "samples", "train_loss",
+            "grad_variance", "pseudo_grad_norm", "merged_from", "num_instances")  # fmt: skip
+    full_rounds, part_rounds = rounds_of(full), rounds_of(part)
+    assert [{k: line[k] for k in keep} for line in part_rounds] == [{k: line[k] for k in keep} for line in full_rounds]
+    assert any(line["merged_from"] for line in full_rounds)  # a merge happened (after the resume)
+    merge_folders = sorted(os.listdir(os.path.join(full, "merges")))
+    assert merge_folders
+    AutoModelForCausalLM.from_pretrained(os.path.join(full, "merges", merge_folders[0]))
+
+
+@pytest.mark.slow  # make test stays under 15 minutes; `make test-slow` runs it
+def test_fsdp_point_to_point_merge_of_independent_instances(tmp_path):
+    config = dict(
+        max_steps=8, inner_steps=4, num_instances=2, merge_every=1, merge_transport="point_to_point",
+        outer_momentum=0.9, instance_init="independent", save_strategy="no",
+    )  # fmt: skip
+    out, probe = run(tmp_path, config)
+    lines = rounds_of(out)
+    assert [(line["outer_step"], line["workers"]) for line in lines] == [(1, [0]), (1, [1]), (2, [0, 1])]
+    assert lines[0]["merged_from"] or lines[1]["merged_from"]
+    merge = flat_params(AutoModelForCausalLM.from_pretrained(os.path.join(out, "merges", "outer-1")))
+    assert merge.numel() == merged_params(out).numel() and torch.isfinite(merge).all()
+    final = safetensors.torch.load_file(str(probe / "final-rank3.safetensors"))["params"]
+    assert torch.equal(final, merged_params(out))
+
+
+@pytest.mark.slow  # make test stays under 15 minutes; `make test-slow` runs it
+def test_fsdp_trains_the_model_ddp_trains(tmp_path):
+    """The same run with the replica sharded (FSDP2) or whole (DDP) inside each worker: the same data per process,
+    the same outer steps on φ (sharded or whole), so the same merged model up to the float order of the reductions."""
+    config = dict(
+        max_steps=8, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, batch_size_test="none", save_strategy="no",
+    )  # fmt: skip
+    fsdp, _ = run(tmp_path, config, name="fsdp")
+    out = str(tmp_path / "ddp")
+    spec = {
+        "output_dir": out,
+        "world_size": 4,
+        "probe_dir": str(tmp_path / "probe-ddp"),
+        "config": {"output_dir": out, **BASE, **config, "worker_parallelism": "ddp"},
+    }
+    launch(os.path.join(SCRIPTS, "adloco_worker.py"), json.dumps(spec), num_processes=4, timeout=400)
+    sharded, whole = merged_params(fsdp), merged_params(out)
+    assert (sharded - whole).abs().max().item() <= 1e-5
+    assert [line["train_loss"] for line in rounds_of(fsdp)] == pytest.approx(
+        [line["train_loss"] for line in rounds_of(out)], rel=1e-5
+    )
