@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 
-__all__ = ["bridge", "check_world_size"]
+__all__ = ["bridge", "check_old_states", "check_world_size"]
 
 Item = TypeVar("Item")
 
@@ -36,6 +36,25 @@ def check_world_size(world_size: int, num_items: int | None = None) -> None:
             f"the dataset has {num_items} samples, fewer than the {world_size} workers that would share it; "
             "resume with fewer workers or use a larger train_dataset"
         )
+
+
+def check_old_states(
+    states: Sequence[dict], what: str, *, same: Sequence[str] = (), indexed: Sequence[str] = ()
+) -> None:
+    """Refuse states that are not every old worker's of one checkpoint, in rank order: each must agree with rank
+    0's on the keys `same`, hold its own position in the list under the keys `indexed` (its rank) and, where it has
+    one, the number of states under `"world_size"`/`"num_workers"`."""
+    if not states:
+        raise ValueError(f"re-splitting needs the {what} state of every old worker, got none")
+    for rank, state in enumerate(states):
+        expected = {key: states[0].get(key) for key in same} | {key: rank for key in indexed}
+        expected |= {key: len(states) for key in ("world_size", "num_workers") if key in state}
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise ValueError(
+                    f"the {what} state of old rank {rank} has {key}={state.get(key)!r}, expected {value!r}: pass the "
+                    "states of every worker of one checkpoint, in rank order"
+                )
 
 
 def bridge(remainders: dict[int, Sequence[Item]], world_size: int) -> list[list[tuple[int, list[Item]]]]:

@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
-from .reshard import bridge, check_world_size
+from .reshard import bridge, check_old_states, check_world_size
 
 
 __all__ = ["AdaptiveBatchSampler", "adaptive_train_loader"]
@@ -159,17 +159,8 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
         """The states of `world_size` new workers continuing the old workers' `states` (one per old rank, in rank
         order): each holds its part of the bridge (module `reshard.py`), then regular passes from the first pass no
         old worker had started, with the new layout. Loadable with `load_state_dict` by the new ranks."""
-        if not states:
-            raise ValueError("reshard_sampler_states needs the state of every old worker, got none")
+        check_old_states(states, "sampler", same=("seed", "num_samples"), indexed=("rank",))
         first = states[0]
-        for rank, state in enumerate(states):
-            for key, expected in (("seed", first["seed"]), ("num_samples", first["num_samples"]),
-                                  ("num_workers", len(states)), ("rank", rank)):  # fmt: skip
-                if state[key] != expected:
-                    raise ValueError(
-                        f"the sampler state of old rank {rank} has {key}={state[key]}, expected {expected}: pass the "
-                        "states of every worker of one checkpoint, in rank order"
-                    )
         num_samples, seed = int(first["num_samples"]), int(first["seed"])
         check_world_size(world_size, num_samples)
         # The last pass any old worker has drawn from: every pass up to it is finished through the bridge.

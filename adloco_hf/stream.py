@@ -26,7 +26,7 @@ from typing import Any
 import datasets
 from torch.utils.data import IterableDataset
 
-from .reshard import bridge, check_world_size
+from .reshard import bridge, check_old_states, check_world_size
 
 
 __all__ = ["StreamPart", "is_stream", "worker_stream"]
@@ -186,18 +186,13 @@ class StreamPart:
         pieces than another in the bridge (pieces are dealt whole), and one that gets a stride piece re-reads the
         whole stream to pick its examples.
         """
-        if not states:
-            raise ValueError("reshard_states needs the state of every old part, got none")
         states = [_with_pieces(state) for state in states]
+        check_old_states(states, "stream", same=("kind", "num_shards"), indexed=("rank",))
         first = states[0]
-        for rank, state in enumerate(states):
-            for key, expected in (("kind", STATE_KIND), ("num_shards", first["num_shards"]),
-                                  ("world_size", len(states)), ("rank", rank)):  # fmt: skip
-                if state.get(key) != expected:
-                    raise ValueError(
-                        f"the stream state of old rank {rank} has {key}={state.get(key)!r}, expected {expected!r}: "
-                        "pass the states of every worker of one checkpoint, in rank order"
-                    )
+        if first.get("kind") != STATE_KIND:
+            raise ValueError(
+                f"reshard_states re-splits StreamPart states (kind {STATE_KIND!r}), got {first.get('kind')!r}"
+            )
         num_shards, old_world_size = int(first["num_shards"]), len(states)
         check_world_size(world_size)
         last = max(int(state["epoch"]) for state in states)

@@ -286,14 +286,8 @@ class Worker:
     @torch.no_grad()
     def _initialise_shards(self, model: torch.nn.Module, inst: Instance, group) -> None:
         """`initialise_weights` for a sharded model: the same, shard by shard over this local rank's groups."""
-        from torch.distributed.tensor import DTensor
-
-        seen, tensors = set(), []
-        for t in model.state_dict().values():
-            local = t.to_local() if isinstance(t, DTensor) else t
-            if local.numel() and local.data_ptr() not in seen:
-                seen.add(local.data_ptr())
-                tensors.append(local)
+        shards = worker_fsdp.local_shards(list(model.state_dict().values()))
+        tensors = list({t.data_ptr(): t for t in shards if t.numel()}.values())  # tied weights once
         if self.args.instance_init == "shared":
             broadcast_tensors(tensors, src=self.layout.rank(0, self.local_rank), group=self.all_workers_group)
             return

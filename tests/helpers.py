@@ -24,10 +24,15 @@ __all__ = [
     "flat_params",
     "free_port",
     "launch",
+    "launch_run",
+    "merged_params",
+    "reports_of",
+    "rounds_of",
     "sequence_dataset",
     "tiny_config",
     "tiny_model",
     "word_tokenizer",
+    "worker_spec",
     "write_c4_shards",
 ]
 
@@ -110,3 +115,44 @@ def launch(script: str, *args: str, num_processes: int, timeout: int = 300, env:
     """
     command = launch_command(script, *args, num_processes=num_processes)
     return run_workers(command, timeout=timeout, env=env, cwd=REPO, pythonpath=[REPO, TESTS], threads=1)
+
+
+def worker_spec(out: str, probe, world_size: int, config: dict, **extra) -> dict:
+    """The spec of `scripts/adloco_worker.py` (and the scripts built on it): output and probe folders, the world size
+    every worker asserts, AdLoCoConfig overrides (`output_dir` added) and the script's own keys."""
+    return {
+        "output_dir": out,
+        "world_size": world_size,
+        "probe_dir": str(probe),
+        "config": {"output_dir": out, **config},
+        **extra,
+    }
+
+
+def reports_of(probe, world_size: int) -> list[dict]:
+    """The `report-rank{R}.json` every worker of `scripts/adloco_worker.py` wrote into `probe`."""
+    return [json.load(open(os.path.join(str(probe), f"report-rank{r}.json"))) for r in range(world_size)]
+
+
+def rounds_of(out: str) -> list[dict]:
+    """The lines of a run's `adloco_rounds.jsonl`."""
+    with open(os.path.join(out, "adloco_rounds.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def merged_params(out: str) -> torch.Tensor:
+    """The trainable parameters of a run's `merged/` model, flat (loaded as a user would, `from_pretrained`)."""
+    from transformers import AutoModelForCausalLM
+
+    return flat_params(AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged")))
+
+
+def launch_run(
+    script: str, tmp_path, config: dict, *, world_size: int, name: str = "out", timeout: int = 400, **extra
+):
+    """Launch `script` on `world_size` processes with `worker_spec` into `tmp_path/name` (probes in
+    `tmp_path/probe-name`); returns (output folder, probe folder)."""
+    out, probe = str(tmp_path / name), tmp_path / f"probe-{name}"
+    spec = worker_spec(out, probe, world_size, config, **extra)
+    launch(script, json.dumps(spec), num_processes=world_size, timeout=timeout)
+    return out, probe

@@ -10,7 +10,7 @@ import os
 import pytest
 import safetensors.torch
 import torch
-from helpers import SCRIPTS, launch, sequence_dataset, tiny_model
+from helpers import SCRIPTS, launch, sequence_dataset, tiny_model, worker_spec
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.elastic import plan_elastic_resume
@@ -29,16 +29,9 @@ CONFIG = dict(
 
 
 def spec(out, probe, world_size, **extra):
-    return {
-        "output_dir": out,
-        "world_size": world_size,
-        "probe_dir": probe,
-        "config": {"output_dir": out, **CONFIG},
-        "dropout": 0.1,
-        "num_samples": NUM_SAMPLES,
-        "record_passes": True,
-        **extra,
-    }
+    return worker_spec(
+        out, probe, world_size, CONFIG, dropout=0.1, num_samples=NUM_SAMPLES, record_passes=True, **extra
+    )
 
 
 def elastic_pair(tmp_path_factory, old, new):

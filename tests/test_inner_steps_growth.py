@@ -5,8 +5,7 @@ import json
 import os
 
 import pytest
-from helpers import SCRIPTS, flat_params, launch
-from transformers import AutoModelForCausalLM
+from helpers import SCRIPTS, launch, merged_params, rounds_of, worker_spec
 
 
 pytestmark = pytest.mark.multiprocess
@@ -21,19 +20,7 @@ CONFIG = dict(
 
 
 def spec(out, probe, **extra):
-    return {
-        "output_dir": out,
-        "world_size": 2,
-        "probe_dir": probe,
-        "config": {"output_dir": out, **CONFIG},
-        "dropout": 0.1,
-        "num_samples": 96,
-        **extra,
-    }
-
-
-def rounds(out):
-    return [json.loads(line) for line in open(os.path.join(out, "adloco_rounds.jsonl"))]
+    return worker_spec(out, probe, 2, CONFIG, dropout=0.1, num_samples=96, **extra)
 
 
 def test_h_doubles_and_a_stopped_run_resumes_into_the_same_run(tmp_path):
@@ -42,7 +29,7 @@ def test_h_doubles_and_a_stopped_run_resumes_into_the_same_run(tmp_path):
     reports = [json.load(open(tmp_path / "p0" / f"report-rank{rank}.json")) for rank in range(2)]
     assert [r["world_size"] for r in reports] == [2, 2]
     assert all(r["rounds_checked"] == 4 for r in reports)  # replicas identical after each of the 4 round ends
-    lines = rounds(full)
+    lines = rounds_of(full)
     # Round ends at multiples of the round's H: 5 (H 5), 10 (H 10: 5 steps), 20 (H 20: 10 steps), 40 (20 steps).
     assert [line["global_step"] for line in lines] == [5, 10, 20, 40]
     assert [line["inner_steps"] for line in lines] == [5, 5, 10, 20]
@@ -56,9 +43,6 @@ def test_h_doubles_and_a_stopped_run_resumes_into_the_same_run(tmp_path):
     assert os.path.isdir(checkpoint) and not os.path.isdir(os.path.join(part, "merged"))
     launch(WORKER, json.dumps(spec(part, str(tmp_path / "p2"), resume=checkpoint)), num_processes=2)
     keep = ("global_step", "inner_steps", "outer_noise", "batch_size", "samples", "train_loss", "pseudo_grad_norm")
-    assert [{k: line[k] for k in keep} for line in rounds(part)] == [{k: line[k] for k in keep} for line in lines]
+    assert [{k: line[k] for k in keep} for line in rounds_of(part)] == [{k: line[k] for k in keep} for line in lines]
 
-    def merged(out):
-        return flat_params(AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged")))
-
-    assert (merged(part) - merged(full)).abs().max().item() <= 1e-6
+    assert (merged_params(part) - merged_params(full)).abs().max().item() <= 1e-6

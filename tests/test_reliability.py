@@ -7,7 +7,7 @@ import time
 import pytest
 import safetensors.torch
 import torch
-from helpers import SCRIPTS, flat_params, launch, sequence_dataset, tiny_model
+from helpers import SCRIPTS, flat_params, launch, merged_params, rounds_of, sequence_dataset, tiny_model
 from transformers import AutoModelForCausalLM
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
@@ -46,17 +46,9 @@ def run_spec(spec, world_size=2, timeout=300, expect_failure=False):
     return str(failure.value)
 
 
-def merged_params(out):
-    return flat_params(AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged")))
-
-
 def logged_epochs(out):
     state = json.load(open(os.path.join(out, "checkpoint-30", "trainer_state.json")))
     return [(entry["step"], round(entry["epoch"], 6)) for entry in state["log_history"] if "epoch" in entry]
-
-
-def rounds_of(out):
-    return [json.loads(line) for line in open(os.path.join(out, "adloco_rounds.jsonl"))]
 
 
 def comparable(lines):

@@ -5,8 +5,7 @@ import json
 import os
 
 import pytest
-from helpers import SCRIPTS, flat_params, launch
-from transformers import AutoModelForCausalLM
+from helpers import SCRIPTS, launch, merged_params
 
 from adloco_hf.run_log import MERGED, load_evals, load_rounds
 
@@ -39,10 +38,6 @@ def run(out, probe, *, expect_failure=False, **extra):
     with pytest.raises(AssertionError) as failure:
         launch(WORKER, json.dumps(spec), num_processes=2, timeout=300)
     return str(failure.value)
-
-
-def merged_params(out):
-    return flat_params(AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged")))
 
 
 def test_a_run_killed_in_its_final_merged_save_is_finished_without_training_again(tmp_path):

@@ -8,8 +8,7 @@ import os
 import shutil
 
 import pytest
-from helpers import SCRIPTS, flat_params, launch
-from transformers import AutoModelForCausalLM
+from helpers import SCRIPTS, launch, merged_params
 
 
 pytestmark = pytest.mark.multiprocess
@@ -32,10 +31,6 @@ def spec_for(out, probe, **extra):
 
 def run(spec, timeout=300):
     return launch(WORKER, json.dumps(spec), num_processes=2, timeout=timeout)
-
-
-def merged_params(out):
-    return flat_params(AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged")))
 
 
 def truncate(path, keep=0.5):

@@ -6,8 +6,7 @@ import shutil
 
 import pytest
 import torch
-from helpers import SCRIPTS, flat_params, launch, write_c4_shards
-from transformers import AutoModelForCausalLM
+from helpers import SCRIPTS, launch, merged_params, rounds_of, worker_spec, write_c4_shards
 
 
 pytestmark = pytest.mark.multiprocess
@@ -24,20 +23,8 @@ CONFIG = dict(
 
 
 def spec_for(out, probe, shards, **extra):
-    return {
-        "output_dir": out,
-        "world_size": 2,
-        "probe_dir": probe,
-        "config": {"output_dir": out, **CONFIG},
-        "dropout": 0.1,
-        "eval": True,
-        "stream": {"shards": shards, "documents": 40, "block_size": 16},
-        **extra,
-    }
-
-
-def merged_params(out):
-    return flat_params(AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged")))
+    stream = {"shards": shards, "documents": 40, "block_size": 16}
+    return worker_spec(out, probe, 2, CONFIG, dropout=0.1, eval=True, stream=stream, **extra)
 
 
 def comparable(out):
@@ -110,7 +97,7 @@ def test_a_streamed_run_resumes_elastically_on_four_workers(stopped):
     assert "elastic resume: checkpoint-10 was written by 2 workers, this run has 4" in resumed.stdout + resumed.stderr
     merged = merged_params(out)
     assert torch.isfinite(merged).all()
-    rounds = [json.loads(line) for line in open(os.path.join(out, "adloco_rounds.jsonl"))]
+    rounds = rounds_of(out)
     assert sorted({w for line in rounds if line["outer_step"] > 2 for w in line["workers"]}) == [0, 1, 2, 3]
 
     # Within every pass the old workers had started, each training document is read exactly once by the old

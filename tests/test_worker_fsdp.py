@@ -8,7 +8,7 @@ import os
 import pytest
 import safetensors.torch
 import torch
-from helpers import SCRIPTS, flat_params, launch
+from helpers import SCRIPTS, flat_params, launch_run, merged_params, reports_of, rounds_of
 from transformers import AutoModelForCausalLM
 
 
@@ -23,29 +23,7 @@ BASE = dict(
 
 
 def run(tmp_path, config, *, world_size=4, name="out", **extra):
-    out = str(tmp_path / name)
-    probe = tmp_path / f"probe-{name}"
-    spec = {
-        "output_dir": out,
-        "world_size": world_size,
-        "probe_dir": str(probe),
-        "config": {"output_dir": out, **BASE, **config},
-        **extra,
-    }
-    launch(WORKER, json.dumps(spec), num_processes=world_size, timeout=400)
-    return out, probe
-
-
-def reports_of(probe, world_size=4):
-    return [json.load(open(probe / f"report-rank{r}.json")) for r in range(world_size)]
-
-
-def rounds_of(out):
-    return [json.loads(line) for line in open(os.path.join(out, "adloco_rounds.jsonl"))]
-
-
-def merged_params(out):
-    return flat_params(AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged")))
+    return launch_run(WORKER, tmp_path, {**BASE, **config}, world_size=world_size, name=name, **extra)
 
 
 def test_two_workers_of_two_processes_fsdp(tmp_path):
@@ -54,7 +32,7 @@ def test_two_workers_of_two_processes_fsdp(tmp_path):
         save_strategy="no", eval_strategy="steps", eval_steps=8, eval_merged_model=True,
     )  # fmt: skip
     out, probe = run(tmp_path, config, eval=True)
-    reports = reports_of(probe)
+    reports = reports_of(probe, 4)
     merged = merged_params(out)  # a plain from_pretrained folder, gathered from the shards
     numel = merged.numel()
     for report in reports:
@@ -128,14 +106,8 @@ def test_fsdp_trains_the_model_ddp_trains(tmp_path):
         max_steps=8, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, batch_size_test="none", save_strategy="no",
     )  # fmt: skip
     fsdp, _ = run(tmp_path, config, name="fsdp")
-    out = str(tmp_path / "ddp")
-    spec = {
-        "output_dir": out,
-        "world_size": 4,
-        "probe_dir": str(tmp_path / "probe-ddp"),
-        "config": {"output_dir": out, **BASE, **config, "worker_parallelism": "ddp"},
-    }
-    launch(os.path.join(SCRIPTS, "adloco_worker.py"), json.dumps(spec), num_processes=4, timeout=400)
+    ddp_config = {**BASE, **config, "worker_parallelism": "ddp"}
+    out, _ = launch_run(os.path.join(SCRIPTS, "adloco_worker.py"), tmp_path, ddp_config, world_size=4, name="ddp")
     sharded, whole = merged_params(fsdp), merged_params(out)
     assert (sharded - whole).abs().max().item() <= 1e-5
     assert [line["train_loss"] for line in rounds_of(fsdp)] == pytest.approx(

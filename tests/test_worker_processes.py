@@ -9,7 +9,7 @@ import shutil
 import pytest
 import safetensors.torch
 import torch
-from helpers import SCRIPTS, flat_params, launch
+from helpers import SCRIPTS, flat_params, launch, launch_run, merged_params, reports_of, rounds_of
 from transformers import AutoModelForCausalLM
 
 
@@ -25,29 +25,7 @@ BASE = dict(
 
 
 def run(tmp_path, config, *, world_size=4, name="out", **extra):
-    out = str(tmp_path / name)
-    probe = tmp_path / f"probe-{name}"
-    spec = {
-        "output_dir": out,
-        "world_size": world_size,
-        "probe_dir": str(probe),
-        "config": {"output_dir": out, **BASE, **config},
-        **extra,
-    }
-    launch(WORKER, json.dumps(spec), num_processes=world_size, timeout=400)
-    return out, probe
-
-
-def reports_of(probe, world_size=4):
-    return [json.load(open(probe / f"report-rank{r}.json")) for r in range(world_size)]
-
-
-def rounds_of(out):
-    return [json.loads(line) for line in open(os.path.join(out, "adloco_rounds.jsonl"))]
-
-
-def merged_params(out):
-    return flat_params(AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged")))
+    return launch_run(WORKER, tmp_path, {**BASE, **config}, world_size=world_size, name=name, **extra)
 
 
 def test_two_workers_of_two_processes(tmp_path):
@@ -56,7 +34,7 @@ def test_two_workers_of_two_processes(tmp_path):
         save_strategy="no",
     )  # fmt: skip
     out, probe = run(tmp_path, config)
-    reports = reports_of(probe)
+    reports = reports_of(probe, 4)
     numel = merged_params(out).numel()
     for report in reports:
         assert report["world_size"] == 4
@@ -117,7 +95,7 @@ def test_a_merge_of_two_workers_of_two_processes(tmp_path, options):
         eval_steps=10, **options,
     )  # fmt: skip
     out, probe = run(tmp_path, config, eval=True)
-    reports = reports_of(probe)
+    reports = reports_of(probe, 4)
     assert all(r["world_size"] == 4 for r in reports)
     # Evaluated at step 10 while two instances trained: each instance's loss is that of its own weights (checked
     # inside every process against a direct evaluation, `EvalProbe`), then the merged model at the end.

@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import IterableDataset
 from transformers import PreTrainedTokenizerBase
 
+from ..reshard import check_old_states
 from ..stream import STATE_KIND, StreamPart, worker_stream
 from .packing import pack_documents
 from .sources import C4_DATASET, _builder_for_file, _check_text_column, _select_text_column
@@ -180,16 +181,8 @@ class PackedPart:
         not emitted) goes to new rank `r % world_size`, after the carries of lower old ranks. So every token an old
         part tokenised is emitted once, and every document of a started pass is read once.
         """
-        if not states:
-            raise ValueError("reshard_states needs the state of every old part, got none")
+        check_old_states(states, "packed stream", same=("kind", "block_size", "tokenizer"))
         first = states[0]
-        for rank, state in enumerate(states):
-            for key in ("kind", "block_size", "tokenizer"):
-                if state.get(key) != first.get(key):
-                    raise ValueError(
-                        f"the packed stream state of old rank {rank} has another {key} ({state.get(key)!r}) than "
-                        f"rank 0's ({first.get(key)!r}): pass the states of every worker of one checkpoint"
-                    )
         sources = [state["source"] for state in states]
         if any(source.get("kind") != STATE_KIND for source in sources):
             raise ValueError(
