@@ -184,3 +184,22 @@ def test_stop_and_resume_with_two_processes_per_worker(tmp_path):
         line["processes"] == [p for w in line["workers"] for p in (2 * w, 2 * w + 1)] for line in elastic_rounds
     )
     assert os.path.isfile(os.path.join(elastic, "merged", "model.safetensors"))
+
+
+@pytest.mark.slow  # make test stays under 15 minutes; `make test-slow` runs it
+def test_sigterm_with_two_processes_per_worker_stops_at_the_round_end_and_resumes_exactly(tmp_path):
+    """Preemption in units of workers: SIGTERM to one process (rank 1, local rank 1 of worker 0) at step 12; every
+    process of every worker agrees to stop at the round's end (15), saves checkpoint-15, and the resumed run ends as
+    the uninterrupted one."""
+    config = dict(RESUME, save_steps=5)
+    full, _ = run(tmp_path, config, name="full", dropout=0.1)
+    with pytest.raises(AssertionError) as stopped:  # the launch exits non-zero: TrainingPreempted
+        run(tmp_path, config, name="part", dropout=0.1, sigterm=[1, 12, "self"])
+    part = str(tmp_path / "part")
+    assert "training was preempted" in str(stopped.value)
+    for rank in range(4):
+        state = torch.load(os.path.join(part, "checkpoint-15", "adloco", f"rank-{rank}.pt"), weights_only=True)
+        assert state["world_size"] == 4 and state["outer_step"] == 3 and state["round"] is None
+    assert not os.path.isdir(os.path.join(part, "checkpoint-20"))
+    run(tmp_path, config, name="part", dropout=0.1, resume=os.path.join(part, "checkpoint-15"))
+    assert (merged_params(part) - merged_params(full)).abs().max().item() <= 1e-6
