@@ -111,6 +111,14 @@ def test_a_capped_request_counts_the_processes_micro_batches():
     assert line.batch_size_used == 8
 
 
+def test_switch_mode_accumulates_per_process_beyond_the_threshold():
+    reports = [_report(0, payload=8)] * 4
+    instances = [Instance(0, (0, 1), 20)]  # 10 per process, above 2 × max_batch_size 4: accumulate in 3 chunks
+    line = decide_round(instances, reports, outer_step=1, global_step=10, rules=_rules()).lines[0]
+    assert line.micro_batch_size == 4 and line.accumulation_steps == 3
+    assert line.batch_size_used == 20  # the worker's whole request, G processes × 10
+
+
 def test_one_process_per_worker_writes_the_rounds_file_as_before():
     reports = [_report(0, payload=8)] * 2
     rules = _rules(processes_per_worker=1)
