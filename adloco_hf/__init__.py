@@ -1,22 +1,20 @@
 """adloco_hf: AdLoCo (adaptive-batch, multi-instance DiLoCo; arXiv 2508.18182) for the Hugging Face Trainer."""
 
-from .batch_size import (
-    augmented_inner_product_test,
-    estimate_variance,
-    inner_product_test,
-    norm_test,
-)
-from .callback import AdLoCoCallback
-from .config import AdLoCoConfig
-from .health import SkippedRoundsError
-from .hub import HubUploadError
-from .preemption import TrainingPreempted
-from .rounds import AdLoCoState
-from .sampler import AdaptiveBatchSampler
-from .switch_mode import BatchPlan, plan_batch
-from .trainer import AdLoCoTrainer
-from .worker import Worker
+from . import _aliases
+from .batch.size_tests import augmented_inner_product_test, estimate_variance, inner_product_test, norm_test
+from .batch.switch_mode import BatchPlan, plan_batch
+from .config.arguments import AdLoCoConfig
+from .instances.health import SkippedRoundsError
+from .outputs.hub import HubUploadError
+from .rounds.decision import AdLoCoState
+from .sampling.sampler import AdaptiveBatchSampler
+from .trainer.callback import AdLoCoCallback
+from .trainer.trainer import AdLoCoTrainer
+from .worker.core import Worker
+from .worker.preemption import TrainingPreempted
 
+
+_aliases.install()
 
 __version__ = "0.1.0"
 

@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from adloco_hf.batch_controller import ControllerRules, NoiseEstimate, next_request
-from adloco_hf.batch_size import GradientStatistics, next_batch_size, pool_statistics
-from adloco_hf.instances import Instance, plan_merge
-from adloco_hf.rounds import RoundRules, WorkerReport, decide_round
+from adloco_hf.batch.controller import ControllerRules, NoiseEstimate, next_request
+from adloco_hf.batch.size_tests import GradientStatistics, next_batch_size, pool_statistics
+from adloco_hf.instances.table import Instance, plan_merge
+from adloco_hf.rounds.decision import RoundRules, WorkerReport, decide_round
 
 
 def pooled_of(variance: float, grad_sq_norm: float, samples: float = 4.0, workers: int = 1):

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from adloco_hf.batch_size import (
+from adloco_hf.batch.size_tests import (
     GradientStatistics,
     augmented_inner_product_test,
     estimate_inner_product_variance,

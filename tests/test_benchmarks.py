@@ -60,7 +60,7 @@ def test_socket_bytes_sent_of_this_process_is_a_count_or_none():
 
 
 def test_ring_all_reduce_bytes_matches_the_library():
-    from adloco_hf.outer import ring_all_reduce_bytes
+    from adloco_hf.outer.step import ring_all_reduce_bytes
 
     for workers in (1, 2, 4, 8):
         assert _common.ring_all_reduce_bytes(1000, workers) == ring_all_reduce_bytes(1000, workers)

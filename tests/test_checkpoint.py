@@ -1,4 +1,4 @@
-"""`adloco_hf.checkpoint`'s file handling: atomic folders and files, per-rank resume state, model folders."""
+"""`adloco_hf.checkpoint.folders`'s file handling: atomic folders and files, per-rank resume state, model folders."""
 
 import json
 import os
@@ -7,17 +7,14 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from adloco_hf.checkpoint import (
-    atomic_directory,
-    atomic_write_text,
+from adloco_hf.checkpoint.folders import (
     load_rank_state,
-    publish_files,
     rank_state_path,
-    replace_directory,
     save_model_folder,
     save_rank_state,
     state_dict_with,
 )
+from adloco_hf.common.files import atomic_directory, atomic_write_text, publish_files, replace_directory
 
 
 def tree(root) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""A checkpoint's manifest (`adloco_hf.manifest`) and the completeness of its per-worker state, without workers."""
+"""A checkpoint's manifest (`adloco_hf.checkpoint.manifest`) and the completeness of its per-worker state, without workers."""
 
 import json
 import logging
@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from adloco_hf.checkpoint import check_rank_states, save_rank_state
-from adloco_hf.manifest import (
+from adloco_hf.checkpoint.folders import check_rank_states, save_rank_state
+from adloco_hf.checkpoint.manifest import (
     MANIFEST_NAME,
     CheckpointDamagedError,
     checkpoints_newest_first,

@@ -1,4 +1,4 @@
-"""The compressed ring all-reduce (`adloco_hf.compressed_ring`) on real gloo process groups of 2, 3 and 4 workers.
+"""The compressed ring all-reduce (`adloco_hf.outer.ring`) on real gloo process groups of 2, 3 and 4 workers.
 
 Each world size is spawned once; its workers run every case and return what they saw, and the assertions run in the
 parent against the exact mean of the inputs (float64).
@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 from distributed_helpers import cached_runs
 
-from adloco_hf.compressed_ring import ring_all_reduce_mean, ring_bytes_sent, ring_chunks, ring_error_bound
-from adloco_hf.compression import ErrorFeedback, wire_bytes
-from adloco_hf.outer import ring_all_reduce_bytes
+from adloco_hf.outer.compression import ErrorFeedback, wire_bytes
+from adloco_hf.outer.ring import ring_all_reduce_mean, ring_bytes_sent, ring_chunks, ring_error_bound
+from adloco_hf.outer.step import ring_all_reduce_bytes
 
 
 # (name, shape, bits, block_size): odd sizes, a tensor smaller than one block (empty chunks), a 2-D one.

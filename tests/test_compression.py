@@ -1,4 +1,4 @@
-"""Blockwise int8 / int4 quantization and error feedback (`adloco_hf.compression`), single process."""
+"""Blockwise int8 / int4 quantization and error feedback (`adloco_hf.outer.compression`), single process."""
 
 import io
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from adloco_hf.compression import (
+from adloco_hf.outer.compression import (
     DEFAULT_BLOCK_SIZE,
     ErrorFeedback,
     Quantized,

@@ -3,7 +3,8 @@ import logging
 import pytest
 from transformers import HfArgumentParser
 
-from adloco_hf import AdLoCoConfig, compat
+from adloco_hf import AdLoCoConfig
+from adloco_hf.config import compat
 
 
 def make(tmp_path, **kwargs):

@@ -1,15 +1,15 @@
-"""`adloco_hf.elastic`: the plan of an elastic resume (pure) and each new rank's state from real rank files."""
+"""`adloco_hf.checkpoint.elastic`: the plan of an elastic resume (pure) and each new rank's state from real rank files."""
 
 import os
 
 import pytest
 import torch
 
-from adloco_hf.checkpoint import save_rank_state
-from adloco_hf.elastic import check_instances_fit, elastic_rank_state, plan_elastic_resume
-from adloco_hf.instances import Instance, initial_instances
-from adloco_hf.sampler import AdaptiveBatchSampler
-from adloco_hf.stream import StreamPart
+from adloco_hf.checkpoint.elastic import check_instances_fit, elastic_rank_state, plan_elastic_resume
+from adloco_hf.checkpoint.folders import save_rank_state
+from adloco_hf.instances.table import Instance, initial_instances
+from adloco_hf.sampling.sampler import AdaptiveBatchSampler
+from adloco_hf.sampling.stream import StreamPart
 
 
 NUM_SAMPLES = 40

@@ -13,8 +13,8 @@ import torch
 from helpers import SCRIPTS, launch, sequence_dataset, tiny_model, worker_spec
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-from adloco_hf.elastic import plan_elastic_resume
-from adloco_hf.instances import Instance, instance_of, seat_counts
+from adloco_hf.checkpoint.elastic import plan_elastic_resume
+from adloco_hf.instances.table import Instance, instance_of, seat_counts
 
 
 pytestmark = pytest.mark.multiprocess

@@ -1,5 +1,5 @@
 """Task-aware evaluation: `compute_metrics` for every instance, metrics stored with the dataset name, perplexity only
-for causal LMs (`adloco_hf.evaluation`, `adloco_hf.predictions`)."""
+for causal LMs (`adloco_hf.evaluation.evaluate`, `adloco_hf.evaluation.predictions`)."""
 
 import json
 import math
@@ -14,11 +14,11 @@ from torch import nn
 from transformers import BertConfig, BertForSequenceClassification, default_data_collator
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-from adloco_hf.evaluation import combine_instance_metrics
-from adloco_hf.plotting import plot_run
-from adloco_hf.predictions import is_causal_lm
-from adloco_hf.report import format_summary, summarize_records, summarize_run
-from adloco_hf.run_log import MERGED, RunLog, load_evals, load_rounds
+from adloco_hf.evaluation.evaluate import combine_instance_metrics
+from adloco_hf.evaluation.predictions import is_causal_lm
+from adloco_hf.outputs.plotting import plot_run
+from adloco_hf.outputs.report import format_summary, summarize_records, summarize_run
+from adloco_hf.outputs.run_log import MERGED, RunLog, load_evals, load_rounds
 
 
 def tiny_classifier(seed: int = 0) -> BertForSequenceClassification:

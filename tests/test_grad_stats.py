@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from adloco_hf.batch_size import group_statistics
-from adloco_hf.grad_stats import GradientStatisticsCollector
+from adloco_hf.batch.grad_stats import GradientStatisticsCollector
+from adloco_hf.batch.size_tests import group_statistics
 
 
 def make_problem(seed=0, n=12):
@@ -115,7 +115,7 @@ def test_previous_step_as_second_group_for_one_sample_batches():
 
 # ---- noise_preconditioner="adam": the statistics in Adam's metric P = 1 / (√v̂ + ε) ----
 def test_adam_root_preconditioner_reads_the_bias_corrected_second_moments():
-    from adloco_hf.grad_stats import adam_root_preconditioner
+    from adloco_hf.batch.grad_stats import adam_root_preconditioner
 
     model, x, y = make_problem(seed=4)
     params = list(model.parameters())

@@ -1,6 +1,6 @@
 import pytest
 
-from adloco_hf.instances import (
+from adloco_hf.instances.table import (
     Instance,
     choose_merge,
     initial_instances,

@@ -9,8 +9,9 @@ import pytest
 import torch
 from helpers import sequence_dataset, tiny_model
 
-from adloco_hf import AdLoCoConfig, AdLoCoTrainer, lr_scaling
-from adloco_hf.lr_scaling import (
+from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+from adloco_hf.batch import lr_scaling
+from adloco_hf.batch.lr_scaling import (
     adam_hyperparameters,
     apply_adam_scaling,
     apply_lr_factor,

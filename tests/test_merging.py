@@ -14,8 +14,9 @@ import torch
 import torch.distributed as dist
 from distributed_helpers import GROUP_TIMEOUT_S, run_workers
 
-from adloco_hf.distributed import ProcessGroupCache, WorkerMonitor
-from adloco_hf.instances import (
+from adloco_hf.common.distributed import ProcessGroupCache, WorkerMonitor
+from adloco_hf.instances.merges import all_reduce_merge, execute_merge, final_merge, merge_at_round_end
+from adloco_hf.instances.table import (
     Broadcast,
     Instance,
     final_merge_weights,
@@ -24,8 +25,7 @@ from adloco_hf.instances import (
     plan_merge,
     plan_transfers,
 )
-from adloco_hf.merging import all_reduce_merge, execute_merge, final_merge, merge_at_round_end
-from adloco_hf.outer import GlobalModel, ring_all_reduce_bytes
+from adloco_hf.outer.step import GlobalModel, ring_all_reduce_bytes
 
 
 WORLD = 4

@@ -9,10 +9,10 @@ from helpers import sequence_dataset, tiny_model
 from huggingface_hub import ModelCard
 from test_hub import FakeHubApi, word_tokenizer
 
-import adloco_hf.hub as hub
+import adloco_hf.outputs.hub as hub
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-from adloco_hf.model_card import ModelKind, card_metrics, format_value, model_card
-from adloco_hf.plotting import PLOT_FILE, plot_run
+from adloco_hf.outputs.model_card import ModelKind, card_metrics, format_value, model_card
+from adloco_hf.outputs.plotting import PLOT_FILE, plot_run
 
 
 SETTINGS = {"inner_steps": 200, "outer_lr": 0.7, "save_steps": 1000.0, "max_batch_size": 32, "batch_size_cap": None}

@@ -10,7 +10,7 @@ from helpers import CONTRACT_ROUND_KEYS as ROUND_KEYS
 from helpers import SCRIPTS, flat_params, launch
 from transformers import AutoModelForCausalLM
 
-from adloco_hf.switch_mode import plan_batch
+from adloco_hf.batch.switch_mode import plan_batch
 
 
 pytestmark = pytest.mark.multiprocess

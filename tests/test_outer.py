@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 from distributed_helpers import cached_runs, drift, flat
 
-from adloco_hf import outer_reduce
-from adloco_hf.distributed import ProcessGroupCache
-from adloco_hf.outer import DTYPES, GlobalModel, ring_all_reduce_bytes
+from adloco_hf.common.distributed import ProcessGroupCache
+from adloco_hf.outer import reduce as outer_reduce
+from adloco_hf.outer.step import DTYPES, GlobalModel, ring_all_reduce_bytes
 
 
 ROUNDS = 3

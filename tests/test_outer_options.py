@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 from distributed_helpers import cached_runs, drift, flat
 
-from adloco_hf.compressed_ring import ring_error_bound
-from adloco_hf.compression import wire_bytes
-from adloco_hf.outer import GlobalModel
-from adloco_hf.outer_reduce import PseudoGradReduce
+from adloco_hf.outer.compression import wire_bytes
+from adloco_hf.outer.reduce import PseudoGradReduce
+from adloco_hf.outer.ring import ring_error_bound
+from adloco_hf.outer.step import GlobalModel
 
 
 LR, MOMENTUM = 0.7, 0.9

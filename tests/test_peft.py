@@ -10,7 +10,7 @@ from helpers import sequence_dataset, tiny_model
 from test_hub import FakeHubApi
 from transformers import AutoModelForCausalLM
 
-import adloco_hf.hub as hub
+import adloco_hf.outputs.hub as hub
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 
 

@@ -11,7 +11,7 @@ from helpers import SCRIPTS, flat_params, launch, merged_params, rounds_of, sequ
 from transformers import AutoModelForCausalLM
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-from adloco_hf.compression import wire_bytes
+from adloco_hf.outer.compression import wire_bytes
 
 
 pytestmark = pytest.mark.multiprocess
@@ -178,7 +178,7 @@ def test_more_instances_than_workers_is_refused(tmp_path):
 def _monitor_worker(rank: int, port: int, tmp: str, timeout: float) -> None:
     import torch.distributed as dist
 
-    from adloco_hf.distributed import WorkerMonitor, WorkerTimeoutError
+    from adloco_hf.common.distributed import WorkerMonitor, WorkerTimeoutError
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)

@@ -1,8 +1,8 @@
-"""`adloco_hf.reshard`: a pass's remainder dealt over another number of workers (pure)."""
+"""`adloco_hf.sampling.reshard`: a pass's remainder dealt over another number of workers (pure)."""
 
 import pytest
 
-from adloco_hf.reshard import bridge
+from adloco_hf.sampling.reshard import bridge
 
 
 def test_each_pass_is_dealt_round_robin_in_pass_order():

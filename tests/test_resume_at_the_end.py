@@ -7,7 +7,7 @@ import os
 import pytest
 from helpers import SCRIPTS, launch, merged_params
 
-from adloco_hf.run_log import MERGED, load_evals, load_rounds
+from adloco_hf.outputs.run_log import MERGED, load_evals, load_rounds
 
 
 pytestmark = pytest.mark.multiprocess

@@ -5,10 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from adloco_hf.batch_size import GradientStatistics
-from adloco_hf.health import final_merge_warnings
-from adloco_hf.instances import Instance, final_merge_weights
-from adloco_hf.rounds import (
+from adloco_hf.batch.size_tests import GradientStatistics
+from adloco_hf.instances.health import final_merge_warnings
+from adloco_hf.instances.table import Instance, final_merge_weights
+from adloco_hf.rounds.decision import (
     AdLoCoState,
     RoundRules,
     WorkerReport,

@@ -1,4 +1,4 @@
-"""`adloco_hf.run_settings`: what a checkpoint records of its run, and which changes a resume refuses (pure)."""
+"""`adloco_hf.checkpoint.run_settings`: what a checkpoint records of its run, and which changes a resume refuses (pure)."""
 
 import json
 import logging
@@ -8,7 +8,7 @@ import pytest
 from helpers import tiny_model
 
 from adloco_hf import AdLoCoConfig
-from adloco_hf.run_settings import (
+from adloco_hf.checkpoint.run_settings import (
     ELASTIC_FIELDS,
     RESTORED_FIELDS,
     TRAJECTORY_FIELDS,

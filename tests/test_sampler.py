@@ -3,7 +3,7 @@ import itertools
 import pytest
 import torch
 
-from adloco_hf.sampler import AdaptiveBatchSampler
+from adloco_hf.sampling.sampler import AdaptiveBatchSampler
 
 
 def draw(sampler, sizes):

@@ -10,7 +10,7 @@ import pytest
 from helpers import SCRIPTS, launch, sequence_dataset, tiny_model
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-from adloco_hf.checkpoint import atomic_directory, publish_checkpoint
+from adloco_hf.common.files import atomic_directory, publish_checkpoint
 
 
 WORKER = os.path.join(SCRIPTS, "adloco_worker.py")

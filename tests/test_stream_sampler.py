@@ -1,4 +1,4 @@
-"""Batches of any size from a stream (`adloco_hf.stream_sampler`), drawn one per step, with an exact position."""
+"""Batches of any size from a stream (`adloco_hf.sampling.stream_sampler`), drawn one per step, with an exact position."""
 
 import types
 
@@ -9,9 +9,9 @@ from transformers import default_data_collator
 
 from adloco_hf import AdLoCoConfig
 from adloco_hf.data import PackedStream, load_document_stream
-from adloco_hf.rounds import RoundRules
-from adloco_hf.sampler import AdaptiveBatchSampler
-from adloco_hf.stream_sampler import AdaptiveStreamSampler, adaptive_stream_loader, check_sampler_kind
+from adloco_hf.rounds.decision import RoundRules
+from adloco_hf.sampling.sampler import AdaptiveBatchSampler
+from adloco_hf.sampling.stream_sampler import AdaptiveStreamSampler, adaptive_stream_loader, check_sampler_kind
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 import pytest
 
-from adloco_hf.switch_mode import BatchPlan, plan_batch, split_sizes
+from adloco_hf.batch.switch_mode import BatchPlan, plan_batch, split_sizes
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_bad_arguments_are_refused():
 
 
 def test_plan_step_splits_the_last_step_of_a_round_for_statistics():
-    from adloco_hf.switch_mode import Statistics, StepPlan, plan_step
+    from adloco_hf.batch.switch_mode import Statistics, StepPlan, plan_step
 
     whole = plan_batch(6, 8)
     kwargs = dict(measure=True, next_last_of_round=False, has_previous=False)
@@ -58,7 +58,7 @@ def test_plan_step_splits_the_last_step_of_a_round_for_statistics():
 
 
 def test_plan_step_pairs_one_sample_batches_with_the_previous_step():
-    from adloco_hf.switch_mode import Statistics, StepPlan, plan_step
+    from adloco_hf.batch.switch_mode import Statistics, StepPlan, plan_step
 
     one = plan_batch(1, 8)
     before_last = plan_step(1, one, measure=True, last_of_round=False, next_last_of_round=True, has_previous=False)

@@ -12,8 +12,8 @@ from torch import nn
 from transformers import Trainer, TrainingArguments, default_data_collator
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-from adloco_hf.sampler import AdaptiveBatchSampler
-from adloco_hf.switch_mode import Statistics, StepPlan, plan_batch
+from adloco_hf.batch.switch_mode import Statistics, StepPlan, plan_batch
+from adloco_hf.sampling.sampler import AdaptiveBatchSampler
 
 
 def config(tmp_path, **kwargs):
@@ -160,7 +160,7 @@ def test_statistics_step_splits_the_batch_without_changing_the_gradient(tmp_path
     engine = trainer.worker
     engine.max_steps = 1
     engine.plan = plan_batch(8, 8)
-    from adloco_hf.grad_stats import GradientStatisticsCollector
+    from adloco_hf.batch.grad_stats import GradientStatisticsCollector
 
     engine.collector = GradientStatisticsCollector(trainer.model.parameters())
     assert engine.plan_step(0, 8) == StepPlan((4, 4), Statistics.SPLIT, remember_gradient=False)

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from adloco_hf.instances import Instance, MergePlan
-from adloco_hf.rounds import RoundLine
-from adloco_hf.run_log import RunLog, load_rounds
+from adloco_hf.instances.table import Instance, MergePlan
+from adloco_hf.outputs.run_log import RunLog, load_rounds
+from adloco_hf.rounds.decision import RoundLine
 from recipes.benchmarks import wallclock as wc
 
 

@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 
 from adloco_hf import AdLoCoConfig
-from adloco_hf.batch_size import GradientStatistics
-from adloco_hf.instances import Instance, plan_merge
-from adloco_hf.rounds import RoundRules, WorkerReport, decide_round, run_summary
-from adloco_hf.run_settings import TRAJECTORY_FIELDS, compare_run_settings
-from adloco_hf.worker_layout import WorkerLayout, part_range, part_ranges
+from adloco_hf.batch.size_tests import GradientStatistics
+from adloco_hf.checkpoint.run_settings import TRAJECTORY_FIELDS, compare_run_settings
+from adloco_hf.common.layout import WorkerLayout, part_range, part_ranges
+from adloco_hf.instances.table import Instance, plan_merge
+from adloco_hf.rounds.decision import RoundRules, WorkerReport, decide_round, run_summary
 
 
 def test_consecutive_ranks_form_a_worker():
@@ -145,7 +145,7 @@ def test_preserve_total_keeps_requests_multiples_of_g():
 
 
 def test_the_summary_counts_workers():
-    from adloco_hf.rounds import AdLoCoState
+    from adloco_hf.rounds.decision import AdLoCoState
 
     state = AdLoCoState(1, 10, 100, 0, 0, 0, 1.0, 1, {0: 4}, {0: (0, 1)})
     summary = run_summary(state, 4, 2)

@@ -11,7 +11,7 @@ import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from ..checkpoint import replace_directory
+from ..common.files import replace_directory
 from ._cache import _FORMAT_VERSION, _MAP_BATCH_SIZE, _hash, _main_process_first
 from .python_source import SPLIT_COLUMN
 from .sources import _require_text_column

@@ -30,14 +30,17 @@ import torch
 from torch.utils.data import IterableDataset
 from transformers import PreTrainedTokenizerBase
 
-from ..reshard import check_old_states
-from ..stream import STATE_KIND, StreamPart, worker_stream
+from ..sampling.reshard import check_old_states
+from ..sampling.stream import STATE_KIND, StreamPart, register_part_kind, worker_stream
 from .packing import pack_documents
 from .sources import C4_DATASET, _builder_for_file, _check_text_column, _select_text_column
 from .tokenizer import _tokenizer_fingerprint
 
 
 __all__ = ["PackedPart", "PackedStream", "build_lm_stream", "document_key", "load_document_stream"]
+
+
+PACKED_KIND = "packed"
 
 
 class PackedStream(IterableDataset):
@@ -165,7 +168,7 @@ class PackedPart:
     def state_dict(self) -> dict[str, Any]:
         """The documents' position after the last tokenised document, and the carry of tokens not yet emitted."""
         return {
-            "kind": "packed",
+            "kind": PACKED_KIND,
             "block_size": self.block_size,
             "tokenizer": self._fingerprint,
             "blocks": self.blocks,
@@ -195,7 +198,7 @@ class PackedPart:
             mine = [old for old in range(len(states)) if old % world_size == rank]
             carries = [states[old]["carry"].to(torch.int32) for old in mine]
             new_states.append({
-                "kind": "packed",
+                "kind": PACKED_KIND,
                 "block_size": first["block_size"],
                 "tokenizer": first["tokenizer"],
                 "blocks": sum(int(states[old]["blocks"]) for old in mine),
@@ -325,3 +328,6 @@ def build_lm_stream(
     train_documents = documents.filter(lambda example: document_key(example["text"]) not in held_out)
     train = PackedStream(train_documents, tokenizer, block_size=block_size, tokenize_documents=tokenize_documents)
     return train, eval_blocks
+
+
+register_part_kind(PACKED_KIND, PackedPart)

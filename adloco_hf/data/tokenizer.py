@@ -10,7 +10,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from ..checkpoint import publish_files
+from ..common.files import publish_files
 from ._cache import _FORMAT_VERSION, _MAP_BATCH_SIZE, _hash, _main_process_first
 from .python_source import TOKENIZER_SAMPLE_COLUMN
 from .sources import _require_text_column

@@ -14,9 +14,9 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from adloco_hf.checkpoint import atomic_write_text
-from adloco_hf.outer import ring_all_reduce_bytes  # one byte model for DDP and AdLoCo alike
-from adloco_hf.report import format_bytes
+from adloco_hf.common.files import atomic_write_text
+from adloco_hf.common.formats import format_bytes
+from adloco_hf.outer.step import ring_all_reduce_bytes  # one byte model for DDP and AdLoCo alike
 
 
 __all__ = [

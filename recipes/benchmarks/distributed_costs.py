@@ -25,7 +25,7 @@ import statistics
 import tempfile
 import time
 
-from adloco_hf.run_log import group_by_round
+from adloco_hf.outputs.run_log import group_by_round
 from adloco_hf.testing import launch_command, run_workers
 from recipes.benchmarks._common import REPO, socket_bytes_sent
 
@@ -46,7 +46,7 @@ def worker(spec: dict) -> None:
     from transformers import TrainerCallback
 
     from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-    from adloco_hf.distributed import WorkerTimeoutError
+    from adloco_hf.common.distributed import WorkerTimeoutError
     from adloco_hf.testing import tiny_llama
 
     args = AdLoCoConfig(use_cpu=True, report_to=[], disable_tqdm=True, log_level="error", **spec["config"])
@@ -135,7 +135,7 @@ def worker(spec: dict) -> None:
 # ---------------------------------------------------------------- launcher side
 def launch(spec: dict, workers: int, timeout: int = 600) -> tuple[list[dict], list[dict]]:
     """Run one configuration on `workers` workers; returns every worker's record and the run's round lines."""
-    from adloco_hf.run_log import load_rounds
+    from adloco_hf.outputs.run_log import load_rounds
 
     probe = tempfile.mkdtemp(prefix="adloco-costs-")
     spec = {**spec, "world_size": workers, "probe_dir": probe}

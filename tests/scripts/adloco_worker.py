@@ -29,12 +29,12 @@ from transformers import TrainerCallback, default_data_collator
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from helpers import flat_params, sequence_dataset, tiny_model  # noqa: E402
 
-import adloco_hf.checkpoint as checkpoint_module  # noqa: E402
-import adloco_hf.merging as merging  # noqa: E402
-import adloco_hf.staged_save as staged_save  # noqa: E402
+import adloco_hf.checkpoint.folders as checkpoint_module  # noqa: E402
+import adloco_hf.instances.merges as merging  # noqa: E402
+import adloco_hf.trainer.staged_save as staged_save  # noqa: E402
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
-from adloco_hf.lr_scaling import lr_factor  # noqa: E402
-from adloco_hf.switch_mode import plan_batch  # noqa: E402
+from adloco_hf.batch.lr_scaling import lr_factor  # noqa: E402
+from adloco_hf.batch.switch_mode import plan_batch  # noqa: E402
 
 
 def gather_params(model) -> torch.Tensor:
@@ -334,7 +334,7 @@ def record_exit_state(path: str) -> None:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     if spec.get("fake_hub"):
-        import adloco_hf.hub as hub
+        import adloco_hf.outputs.hub as hub
 
         log = os.path.join(spec["probe_dir"], f"hub-rank{os.environ.get('RANK', '0')}.jsonl")
         os.makedirs(spec["probe_dir"], exist_ok=True)
@@ -415,7 +415,7 @@ def main() -> None:
 
         trainer.add_callback(Fail())
     if spec.get("preemption_poll") is not None:  # look for a stop request after every step, not once a second
-        import adloco_hf.preemption as preemption
+        import adloco_hf.worker.preemption as preemption
 
         preemption._POLL_SECONDS = spec["preemption_poll"]
     if spec.get("sigterm") is not None:

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from helpers import flat_params, sequence_dataset, tiny_model  # noqa: E402
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
-from adloco_hf.sampler import adaptive_train_loader  # noqa: E402
+from adloco_hf.sampling.sampler import adaptive_train_loader  # noqa: E402
 
 
 SEED = 3

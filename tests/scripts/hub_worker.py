@@ -13,7 +13,7 @@ import httpx2
 import torch.distributed as dist
 from helpers import sequence_dataset, tiny_model
 
-import adloco_hf.hub as hub
+import adloco_hf.outputs.hub as hub
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 
 

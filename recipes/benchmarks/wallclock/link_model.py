@@ -4,8 +4,8 @@ library sends (point-to-point transfers, ring all-reduces, broadcasts, small con
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from adloco_hf.instances import MergePlan, plan_transfers
-from adloco_hf.outer import BUCKET_NUMEL
+from adloco_hf.instances.table import MergePlan, plan_transfers
+from adloco_hf.outer.step import BUCKET_NUMEL
 
 
 OUTER_BUCKET_NUMEL = BUCKET_NUMEL  # elements per bucket of the outer step's all-reduce

@@ -1,0 +1,1 @@
+"""Checkpoints: folders written atomically, the manifest, the run settings, and elastic resume."""

@@ -1,0 +1,45 @@
+"""The allowed values of every `AdLoCoConfig` field that takes a choice: one list each, read by the config's checks,
+its `--help` choices, and the code that acts on the value (nothing else spells them out)."""
+
+__all__ = [
+    "ADAM_RULES",
+    "BATCH_SIZE_TARGETS",
+    "BATCH_SIZE_TESTS",
+    "CPU_AUTO_MAX_BATCH_SIZE",
+    "INNER_STEPS_RULES",
+    "INSTANCE_INITS",
+    "LR_SCALING_RULES",
+    "MERGE_BATCH_RULES",
+    "MERGE_POLICIES",
+    "MERGE_TRANSPORTS",
+    "NOISE_PRECONDITIONERS",
+    "NONPOSITIVE_SIGNAL",
+    "OUTER_STATE_DEVICES",
+    "PSEUDO_GRAD_COMPRESSIONS",
+    "PSEUDO_GRAD_DTYPES",
+    "WORKER_PARALLELISMS",
+]
+
+# Rounds and instances
+INNER_STEPS_RULES = ("fixed", "outer_noise")
+INSTANCE_INITS = ("shared", "independent")
+MERGE_POLICIES = ("smallest_pair", "largest_smallest")
+MERGE_TRANSPORTS = ("all_reduce", "point_to_point")
+MERGE_BATCH_RULES = ("preserve_total", "paper")
+WORKER_PARALLELISMS = ("ddp", "fsdp")
+
+# The batch: its test, the controller that moves the request, the learning rate that follows it
+BATCH_SIZE_TESTS = ("norm", "inner_product", "augmented_inner_product", "none")
+BATCH_SIZE_TARGETS = ("test", "noise_scale")
+NONPOSITIVE_SIGNAL = ("keep", "clamp")
+NOISE_PRECONDITIONERS = ("none", "adam")
+LR_SCALING_RULES = ("none", "sqrt", "sqrt_adam", "linear")
+ADAM_RULES = ("sqrt_adam",)  # the rules that rewrite betas, eps and weight_decay as well
+# What `max_batch_size="auto"` means without CUDA: CPU memory is rarely the limit for the small models trained there,
+# and the micro-batch then only trades speed for memory.
+CPU_AUTO_MAX_BATCH_SIZE = 32
+
+# Communication
+PSEUDO_GRAD_DTYPES = ("float32", "bfloat16", "float16")
+OUTER_STATE_DEVICES = ("device", "cpu")
+PSEUDO_GRAD_COMPRESSIONS = ("none", "int8", "int4")

@@ -1,0 +1,122 @@
+"""Which `TrainingArguments` options AdLoCo honours: those it cannot are refused, those that work badly warn once.
+
+Every field of `TrainingArguments` (transformers 5.23) was checked against what AdLoCo does with it:
+
+| option | verdict | why |
+|---|---|---|
+| `auto_find_batch_size` | refused | AdLoCo sets the batch itself; the micro-batch limit is `max_batch_size="auto"` |
+| `train_sampling_strategy` ≠ `"random"` | refused | the adaptive sampler gives each worker a random disjoint shard |
+| `inner_steps > max_steps` | refused | no round would complete: no outer step, batch-size test or merge |
+| `deepspeed`, `fsdp`, `parallelism_config` | refused | they shard the model; each worker trains a full copy |
+| `enable_jit_checkpoint` | refused | saves at any step on SIGTERM; workers agree only at a round's end |
+| `optim` = `lomo`, `adalomo`, `*_layerwise` | refused | they step inside backward: micro-batches cannot accumulate |
+| `gradient_accumulation_steps`, `average_tokens_across_devices`, `ignore_data_skip`, `dataloader_num_workers`, `load_best_model_at_end`, epoch strategies | refused | (`AdLoCoConfig._validate_adloco`, `_validate_schedule`) |
+| `torch_compile` (and its backend/mode) | warned | runs, but changing batch shapes recompile: 100 s instead of 9 s for 40 steps |
+| `ddp_find_unused_parameters`, `ddp_bucket_cap_mb`, `ddp_broadcast_buffers`, `ddp_static_graph` | warned | no DDP |
+| `use_cpu` unset with `WORLD_SIZE > 1` and no GPU | set | (`AdLoCoConfig._form_cpu_world`) |
+
+Everything else works as in the Trainer (precision, optimizers and schedules, gradient checkpointing, logging,
+reporting, evaluation, saving, the Hub, seeds, data collation).
+"""
+
+import os
+
+import torch
+
+from ..common.console import get_logger
+
+
+__all__ = [
+    "has_distributed_accelerator",
+    "refuse_what_adloco_cannot_honour",
+    "warn_about_what_works_badly",
+    "warn_once",
+]
+
+# Optimizers that update a parameter inside backward, as soon as its gradient is ready: micro-batches could not
+# accumulate into one step, and the gradient statistics would see a model that changes under them.
+STEP_IN_BACKWARD_OPTIMIZERS = ("lomo", "adalomo")
+# Accelerators accelerate forms a process group on (accelerate.state.PartialState._prepare_backend); without one,
+# processes launched with WORLD_SIZE > 1 form a gloo group only with `use_cpu=True`.
+_ACCELERATOR_CHECKS = ("is_xpu_available", "is_npu_available", "is_mlu_available", "is_musa_available",
+                       "is_sdaa_available", "is_hpu_available", "is_neuron_available", "is_torch_xla_available")  # fmt: skip
+
+logger = get_logger(__name__)
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """A warning printed once per process, by the first worker only (every worker builds the same config)."""
+    if message not in _warned and os.environ.get("RANK", "0") == "0":
+        _warned.add(message)
+        logger.warning(message)
+
+
+def has_distributed_accelerator() -> bool:
+    """Whether accelerate would form a process group on an accelerator (CUDA, XPU, NPU, ...) rather than need gloo."""
+    import accelerate.utils
+
+    return torch.cuda.is_available() or any(getattr(accelerate.utils, name, bool)() for name in _ACCELERATOR_CHECKS)
+
+
+def refuse_what_adloco_cannot_honour(args) -> None:
+    """TrainingArguments options AdLoCo would otherwise silently ignore or break: refused, naming what to use instead
+    (checked before `TrainingArguments.__post_init__`, which would set up DeepSpeed or FSDP)."""
+    if args.inner_steps > args.max_steps:
+        raise ValueError(
+            f"inner_steps={args.inner_steps} is more than max_steps={args.max_steps}: no round would ever complete (no "
+            "outer step, no batch-size test, no merge). Set inner_steps <= max_steps (e.g. inner_steps="
+            f"{max(1, args.max_steps // 10)} for 10 rounds)."
+        )
+    if args.auto_find_batch_size:
+        raise ValueError(
+            "auto_find_batch_size=True is not supported: AdLoCo sets the batch size itself (the first request is "
+            "per_device_train_batch_size, the batch-size test grows it). Set it to False; the largest micro-batch "
+            "that fits comes from max_batch_size='auto' (or an integer)."
+        )
+    if args.train_sampling_strategy != "random":
+        raise ValueError(
+            f"train_sampling_strategy={args.train_sampling_strategy!r} is not supported: AdLoCo's adaptive sampler "
+            "gives each worker a disjoint random shard and resizes its batches between rounds. Set "
+            "train_sampling_strategy='random' (and pack the data into fixed-length blocks to avoid padding)."
+        )
+    sharded = {"deepspeed": args.deepspeed, "fsdp": args.fsdp, "parallelism_config": args.parallelism_config}
+    for name, value in sharded.items():
+        if value:
+            raise ValueError(
+                f"{name} is not supported: it shards the model (or its gradients or optimizer states) over the "
+                "processes, but every AdLoCo worker trains a full copy of the model and talks to the others once per "
+                f"round. Remove {name}; to train one worker on several GPUs (data parallel inside the worker) set "
+                "processes_per_worker=G instead, and worker_parallelism='fsdp' to shard its model over those G "
+                "processes (FSDP2 inside the worker only); to fit memory also use bf16, gradient_checkpointing=True "
+                "and max_batch_size (switch mode accumulates micro-batches)."
+            )
+    if args.enable_jit_checkpoint:
+        raise ValueError(
+            "enable_jit_checkpoint=True is not supported: it saves at whatever step each worker receives SIGTERM, "
+            f"but the workers only agree at a round's end. Save every k rounds with save_steps = k × "
+            f"{args.inner_steps} and resume from the last checkpoint."
+        )
+    optim = str(getattr(args.optim, "value", args.optim))
+    if optim in STEP_IN_BACKWARD_OPTIMIZERS or optim.endswith("_layerwise"):
+        raise ValueError(
+            f"optim={optim!r} is not supported: it updates each parameter during backward, so switch mode's "
+            "micro-batches cannot accumulate into one step. Use optim='adamw_torch' (or any optimizer that steps once "
+            "per inner step)."
+        )
+
+
+def warn_about_what_works_badly(args) -> None:
+    """Options that run but cost much or do nothing: one warning each (after TrainingArguments normalised them)."""
+    if args.torch_compile:
+        warn_once(
+            "torch_compile=True works but is slow with AdLoCo: the batch shape changes between rounds (and between "
+            "micro-batches), which makes torch.compile recompile (measured: 100 s instead of 9 s for 40 steps of a "
+            "small model). Leave it off for short runs."
+        )
+    for name in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph"):
+        if getattr(args, name) is not None and getattr(args, "processes_per_worker", 1) == 1:
+            warn_once(
+                f"{name}={getattr(args, name)} has no effect: AdLoCo workers train without DDP (it applies inside a "
+                "worker with processes_per_worker > 1)."
+            )
