@@ -254,14 +254,23 @@ def test_with_no_grace_the_round_is_cut_at_the_next_step_and_resumes_exactly(tmp
     run_spec(spec_for(full, str(tmp_path / "p0"), config=config))
     part = str(tmp_path / "part")
     # No per-step collectives of the test's own probes (with them the workers could only agree on the round's end),
-    # and every worker looks for the request after each step (once a second by default: these steps take ~50 ms).
+    # and every worker looks for the request after each step (once a second by default). Rank 0 gets SIGTERM before
+    # step 13 and posts its request after it; rank 1 waits before its step 13 until the request is in the store, so
+    # both post step 13 whatever the machine's speed (no fallback to the round's end: the wait for posts is long).
     spec = spec_for(
-        part, str(tmp_path / "p1"), config=config, sigterm=[0, 12, "self"], probes=False, preemption_poll=0
+        part,
+        str(tmp_path / "p1"),
+        config=config,
+        sigterm=[0, 12, "self"],
+        probes=False,
+        preemption_poll=0,
+        preemption_agree_seconds=240,
+        wait_for_stop_request=[1, 12],
     )
     output = run_spec(spec, expect_failure=True)
     assert "training was preempted" in output
-    cut = [step for step in checkpoints_of(part) if step % 10 != 0]
-    assert len(cut) == 1 and 13 <= cut[0] < 20, checkpoints_of(part)  # inside round 2, where both could stop
+    assert checkpoints_of(part) == [10, 13]  # cut inside round 2
+    cut = [13]
     for rank in range(2):
         state = torch.load(os.path.join(part, f"checkpoint-{cut[0]}", "adloco", f"rank-{rank}.pt"), weights_only=True)
         assert state["outer_step"] == 1 and state["round"]["loss_steps"] == cut[0] - 10  # each worker's own round

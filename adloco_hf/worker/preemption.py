@@ -38,6 +38,9 @@ _REQUEST_KEY = "adloco/preempt/request"
 _DECISION_KEY = "adloco/preempt/decision"  # the stop step, or _ROUND_END; written once (compare_set)
 _ROUND_END = "round_end"
 _POLL_SECONDS = 1.0  # how often a worker without a signal looks for a request in the store
+# How long a worker waits for the others to post, beyond two polls and three step times: past it a worker that has not
+# posted is taken to be blocked in another collective, and the run stops at the round's end instead.
+_AGREE_SECONDS = 1.0
 
 
 class TrainingPreempted(RuntimeError):
@@ -151,7 +154,7 @@ class Preemption:
         keys = [f"{_REQUEST_KEY}/step/{r}" for r in range(world)]
         seconds = self._step_seconds or 0.0
         # Long enough for every worker to look (a poll interval and a few steps), short enough to keep the grace.
-        deadline = time.monotonic() + 2 * _POLL_SECONDS + 3 * seconds + 1.0
+        deadline = time.monotonic() + 2 * _POLL_SECONDS + 3 * seconds + _AGREE_SECONDS
         while True:
             decision = None
             if self._store.check([_DECISION_KEY]):

@@ -418,6 +418,24 @@ def main() -> None:
         import adloco_hf.worker.preemption as preemption
 
         preemption._POLL_SECONDS = spec["preemption_poll"]
+    if spec.get("preemption_agree_seconds") is not None:  # no fallback to the round's end for a slow machine
+        import adloco_hf.worker.preemption as preemption
+
+        preemption._AGREE_SECONDS = spec["preemption_agree_seconds"]
+    if spec.get("wait_for_stop_request") is not None:
+        wait_rank, wait_step = spec["wait_for_stop_request"]
+
+        class WaitForStopRequest(TrainerCallback):
+            """Hold this worker before a step until another worker has asked to stop: the order of events that a
+            cut inside the round needs happens on every machine, however busy."""
+
+            def on_step_begin(self, args, state, control, **kwargs):
+                if rank == wait_rank and state.global_step == wait_step:
+                    store = dist.distributed_c10d._get_default_store()
+                    while not store.check(["adloco/preempt/request"]):
+                        time.sleep(0.01)
+
+        trainer.add_callback(WaitForStopRequest())
     if spec.get("sigterm") is not None:
         signal_rank, signal_step, target = spec["sigterm"]  # target: "self" or "launcher" (accelerate's agent)
 
