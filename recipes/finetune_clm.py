@@ -1,17 +1,18 @@
 """Fine-tune a saved causal LM with AdLoCo on your own text, and report its perplexity before and after.
 
-The model folder gives the weights and the tokenizer (e.g. the demo's `outputs/demo/merged`); the text comes from a
-local file (`.jsonl`/`.json` with a `text` column, `.txt` with one document per line, `.csv`, `.parquet`) or a Hub
+The model folder gives the weights and the tokenizer (e.g. the demo's `outputs/demo/merged`); the text comes from
+local files (`--dataset_files`: `.jsonl`/`.json` with a `text` column, `.txt` with one document per line, `.csv`,
+`.parquet`, also compressed; glob patterns are expanded) or from `--dataset_name`: a local file or folder, or a Hub
 dataset. Arguments come from `--config file.yaml` and the command line (which wins), as in `pretrain_c4.py`; `--help`
 lists them all.
 
     # One process (CPU or one GPU), after `make demo`:
-    python recipes/finetune_clm.py --model_name_or_path outputs/demo/merged --dataset_name my_notes.jsonl \
+    python recipes/finetune_clm.py --model_name_or_path outputs/demo/merged --dataset_files my_notes.jsonl \
         --output_dir outputs/finetune --max_steps 200 --inner_steps 50 --learning_rate 1e-3
 
     # 4 CPU workers, 2 instances that merge once:
     accelerate launch --config_file accelerate_configs/cpu_4_workers.yaml recipes/finetune_clm.py \
-        --model_name_or_path outputs/demo/merged --dataset_name my_notes.jsonl --output_dir outputs/finetune \
+        --model_name_or_path outputs/demo/merged --dataset_files my_notes.jsonl --output_dir outputs/finetune \
         --max_steps 200 --inner_steps 50 --num_instances 2 --merge_every 2
 
     # A Hub dataset and its column (needs the network the first time):
@@ -24,6 +25,7 @@ path, offline) from each eval batch's mean loss and token count. Outputs in `out
 model card) and AdLoCo's logs (`adloco_rounds.jsonl`, `adloco_eval.jsonl`).
 """
 
+import glob
 import json
 import logging
 import math
@@ -59,10 +61,20 @@ class ScriptArguments:
             "help": "Folder (or Hub id) of the model to fine-tune, with its tokenizer (e.g. outputs/demo/merged)."
         }
     )
-    dataset_name: str = field(
-        metadata={"help": "A local .jsonl/.json/.txt/.csv/.parquet file or folder, or a Hub dataset id."}
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "A local .jsonl/.json/.txt/.csv/.parquet file or folder, or a Hub dataset id (or give "
+            "--dataset_files alone)."
+        },
     )
-    dataset_files: list[str] | None = field(default=None, metadata={"help": "Data files of a Hub dataset."})
+    dataset_files: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Local files to fine-tune on (glob patterns allowed), read in order; with --dataset_name, the "
+            "data files of that Hub dataset."
+        },
+    )
     text_column: str = field(default="text", metadata={"help": "Column holding the documents."})
     num_documents: int | None = field(default=None, metadata={"help": "Take the first N documents (default: all)."})
     block_size: int | None = field(
@@ -74,6 +86,66 @@ class ScriptArguments:
     cache_dir: str | None = field(
         default=None, metadata={"help": "Where packed datasets are cached (default: none, kept in memory)."}
     )
+
+
+def local_files(patterns: list[str]) -> list[str]:
+    """`--dataset_files` without `--dataset_name`: every pattern expanded (in sorted order), each file checked."""
+    files = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        missing = [path for path in matches if not os.path.isfile(path)]
+        if not matches or missing:
+            raise FileNotFoundError(
+                f"--dataset_files {pattern}: no such file. Pass local files (JSON lines with a 'text' field, .txt, "
+                ".csv, .parquet), or a Hub dataset with --dataset_name and its files with --dataset_files."
+            )
+        files.extend(matches)
+    return files
+
+
+def load_documents(script_args: ScriptArguments) -> datasets.Dataset:
+    """The documents to fine-tune on: `--dataset_name` (with its `--dataset_files`, if any), or the local files of
+    `--dataset_files` alone, concatenated in order (`--num_documents` takes the first N over all of them)."""
+    if script_args.dataset_name is not None:
+        return load_text_corpus(
+            script_args.dataset_name,
+            num_documents=script_args.num_documents,
+            data_files=script_args.dataset_files,
+            text_column=script_args.text_column,
+        )
+    parts, remaining = [], script_args.num_documents
+    for path in local_files(script_args.dataset_files):
+        part = load_text_corpus(path, num_documents=remaining, text_column=script_args.text_column)
+        parts.append(part)
+        if remaining is not None:
+            remaining -= len(part)
+            if remaining <= 0:
+                break
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def data_label(script_args: ScriptArguments) -> str:
+    return script_args.dataset_name or " ".join(script_args.dataset_files or [])
+
+
+def build_parser() -> HfArgumentParser:
+    """The recipe's command line: `ScriptArguments` and every field of `AdLoCoConfig` (and `--config FILE.yaml`, added
+    by `parse_args_with_yaml`)."""
+    return HfArgumentParser((ScriptArguments, AdLoCoConfig))
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, AdLoCoConfig]:
+    """The command line (`None`: `sys.argv[1:]`) as the script's dataclasses, with defaults from `--config`."""
+    # Without a GPU the workers need use_cpu=True for a gloo group (else each one sees a world of 1).
+    defaults = {} if torch.cuda.is_available() else {"use_cpu": True}
+    parser = build_parser()
+    script_args, training_args = parse_args_with_yaml(parser, argv, defaults=defaults)
+    if script_args.dataset_name is None and not script_args.dataset_files:
+        parser.error(
+            "no text to fine-tune on: pass --dataset_files my.jsonl (local files) or --dataset_name (a local file or "
+            "folder, or a Hub dataset id)"
+        )
+    return script_args, training_args
 
 
 @torch.no_grad()
@@ -113,10 +185,7 @@ def eval_perplexity(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = HfArgumentParser((ScriptArguments, AdLoCoConfig))
-    # Without a GPU the workers need use_cpu=True for a gloo group (else each one sees a world of 1).
-    defaults = {} if torch.cuda.is_available() else {"use_cpu": True}
-    script_args, training_args = parse_args_with_yaml(parser, argv, defaults=defaults)
+    script_args, training_args = parse_args(argv)
     # Building AdLoCoConfig initialised the process group, so the data below is prepared by rank 0 first.
     setup_logging(training_args)
     is_main = training_args.process_index == 0
@@ -134,12 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     # ---- dataset ----
     # The main process reads (or streams) the documents into the datasets cache first; the others then reuse it.
     with training_args.main_process_first(desc="loading the corpus"):
-        texts = load_text_corpus(
-            script_args.dataset_name,
-            num_documents=script_args.num_documents,
-            data_files=script_args.dataset_files,
-            text_column=script_args.text_column,
-        )
+        texts = load_documents(script_args)
     lm_datasets = build_lm_datasets(
         texts,
         tokenizer,
@@ -148,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         max_eval_documents=script_args.max_eval_documents,
         cache_dir=script_args.cache_dir,
     )
-    logger.info("data %s: %s", script_args.dataset_name, lm_dataset_stats(lm_datasets))
+    logger.info("data %s: %s", data_label(script_args), lm_dataset_stats(lm_datasets))
 
     # ---- training ----
     trainer = AdLoCoTrainer(

@@ -16,11 +16,15 @@ from adloco_hf.outputs.plotting import plot_run
 from adloco_hf.outputs.report import format_summary, summarize_run
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output_dir", help="the run's output_dir, holding adloco_rounds.jsonl")
     parser.add_argument("--out", default=None, help="where to write the PNG (default: OUTPUT_DIR/adloco_run.png)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     try:
         summary = summarize_run(args.output_dir)

@@ -179,11 +179,21 @@ def streamed_datasets(script_args: ScriptArguments, tokenizer, world_size: int):
     return train, eval_blocks
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = HfArgumentParser((ScriptArguments, AdLoCoConfig))
+def build_parser() -> HfArgumentParser:
+    """The recipe's command line: `ScriptArguments` and every field of `AdLoCoConfig` (and `--config FILE.yaml`, added
+    by `parse_args_with_yaml`)."""
+    return HfArgumentParser((ScriptArguments, AdLoCoConfig))
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, AdLoCoConfig]:
+    """The command line (`None`: `sys.argv[1:]`) as the script's dataclasses, with defaults from `--config`."""
     # Without a GPU the workers need use_cpu=True for a gloo group (else each one sees a world of 1).
     defaults = {} if torch.cuda.is_available() else {"use_cpu": True}
-    script_args, training_args = parse_args_with_yaml(parser, argv, defaults=defaults)
+    return parse_args_with_yaml(build_parser(), argv, defaults=defaults)
+
+
+def main(argv: list[str] | None = None) -> None:
+    script_args, training_args = parse_args(argv)
     # Building AdLoCoConfig initialised the process group, so the data below is prepared by rank 0 first.
     setup_logging(training_args)
     check_world_size(training_args)

@@ -1,10 +1,387 @@
-"""The README's first example runs as written: 4 CPU workers launched as the README says, without `use_cpu`."""
+"""The README and docs/ as a user reads them: every command that runs a recipe parses with that recipe's own parser,
+the ones that run in seconds at tiny sizes run end to end, the README's first example trains on CPU workers, every
+link resolves, and the configuration page's defaults are `AdLoCoConfig`'s."""
 
+import argparse
+import ast
+import contextlib
+import dataclasses
+import glob
+import importlib
+import io
+import json
 import os
+import random
 import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
 
 import pytest
 from helpers import REPO, launch
+
+from adloco_hf import AdLoCoConfig
+from adloco_hf.cli import parse_args_with_yaml
+
+
+DOC_FILES = [os.path.join(REPO, "README.md"), *sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))]
+SHELL_LANGUAGES = ("bash", "sh", "shell", "console", "")
+# Commands that start a program: the Python interpreter (any path to it), accelerate and torchrun.
+COMMAND_START = re.compile(
+    r"^(?:sudo\s+)?(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(?:\S*python3?\s|accelerate\s+launch\s|torchrun\s)"
+)
+ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def relative(path: str) -> str:
+    return os.path.relpath(path, REPO)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A shell command of a page: where it is and its text (continuation lines joined, comments dropped)."""
+
+    path: str
+    line: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"{relative(self.path)}:{self.line}: {self.text}"
+
+
+def fenced_blocks(text: str):
+    """(language, first line number of the body, body) of every fenced code block."""
+    for match in re.finditer(r"^( *)```([\w-]*)[^\n]*\n(.*?)^\1```", text, re.S | re.M):
+        yield match.group(2), text.count("\n", 0, match.start(3)) + 1, match.group(3)
+
+
+def block_commands(path: str, first_line: int, body: str) -> list[Command]:
+    """The commands of a shell block: `\\`-continued lines joined, comment lines and blank lines left out."""
+    commands, pending, start = [], "", None
+    for number, raw in enumerate(body.split("\n"), start=first_line):
+        line = re.sub(r"^ *", "", raw) if not pending else raw.strip()
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        start = number if not pending else start
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        commands.append(Command(path, start, (pending + line).strip()))
+        pending = ""
+    return commands
+
+
+def page_commands(path: str) -> list[Command]:
+    """Every shell command of a page: the lines of its shell blocks, and code spans in its prose that start a
+    program (`python recipes/plot_run.py OUTPUT_DIR`, which may wrap onto the next line)."""
+    text = open(path, encoding="utf-8").read()
+    commands = []
+    for language, first_line, body in fenced_blocks(text):
+        if language in SHELL_LANGUAGES:
+            commands.extend(block_commands(path, first_line, body))
+    prose = re.sub(r"^( *)```.*?^\1```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S | re.M)
+    for match in re.finditer(r"`([^`]+)`", prose):
+        span = " ".join(match.group(1).split())
+        if COMMAND_START.match(span + " ") and "recipes" in span:  # prose names `accelerate launch` too
+            commands.append(Command(path, prose.count("\n", 0, match.start()) + 1, span))
+    return commands
+
+
+@dataclass(frozen=True)
+class RecipeRun:
+    """A command that runs a recipe: the module to import, the recipe's arguments, and the launcher's."""
+
+    command: Command
+    module: str
+    args: list[str]
+    env: dict[str, str]
+    launcher: str  # "python", "accelerate" or "torchrun"
+    error: str | None = None  # the launcher's parser rejected the command: reported by the test, not at collection
+
+
+def recipe_run(command: Command) -> RecipeRun | None:
+    """The recipe a command runs (`python recipes/X.py`, `python -m recipes.X`, `accelerate launch ... recipes/X.py`,
+    `torchrun ... recipes/X.py`), or None for any other command. The launchers' own options are parsed with
+    accelerate's and torchrun's parsers."""
+    tokens = shlex.split(command.text, comments=True)
+    if tokens and tokens[0] == "sudo":
+        tokens = tokens[1:]
+    env = {}
+    while tokens and ENV_ASSIGNMENT.match(tokens[0]):
+        key, _, value = tokens.pop(0).partition("=")
+        env[key] = value
+    if not tokens:
+        return None
+    program = os.path.basename(tokens[0])
+    if program in ("python", "python3"):
+        launcher, module_flag = "python", tokens[1] == "-m"
+        script, args = (tokens[2], tokens[3:]) if module_flag else (tokens[1], tokens[2:])
+    elif tokens[:2] == ["accelerate", "launch"]:
+        from accelerate.commands.launch import launch_command_parser
+
+        namespace = parse_or_fail(launch_command_parser(), tokens[2:], command)
+        launcher, module_flag = "accelerate", bool(namespace.module)
+        script, args = namespace.training_script, namespace.training_script_args
+        if namespace.config_file is not None:
+            assert os.path.isfile(os.path.join(REPO, namespace.config_file)), f"{command}: no {namespace.config_file}"
+    elif program == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        namespace = parse_or_fail(get_args_parser(), tokens[1:], command)
+        launcher, module_flag = "torchrun", bool(namespace.module)
+        script, args = namespace.training_script, namespace.training_script_args
+    else:
+        return None
+    if module_flag:
+        module = script
+    else:
+        if not script.startswith("recipes/"):
+            return None
+        assert script.endswith(".py") and os.path.isfile(os.path.join(REPO, script)), f"{command}: no {script}"
+        module = script[: -len(".py")].replace("/", ".")
+    if not module.startswith("recipes"):
+        return None
+    return RecipeRun(command, module, list(args), env, launcher)
+
+
+def last_line(stream: io.StringIO) -> str:
+    """argparse's error line, without the usage (hundreds of lines for the Trainer recipes)."""
+    lines = stream.getvalue().strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def parse_or_fail(parser: argparse.ArgumentParser, args: list[str], command: Command):
+    """`parser.parse_args(args)`, failing the test with argparse's own message (and the command) on an error."""
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            return parser.parse_args(args)
+    except SystemExit as error:
+        if error.code == 0:  # --help
+            return None
+        pytest.fail(f"{command}\nis rejected by its parser (exit {error.code}): {last_line(stderr)}")
+
+
+def recipe_module(name: str):
+    """The module whose parser a recipe uses: `recipes.benchmarks.wallclock` runs its package's `__main__`."""
+    module = importlib.import_module(name)
+    if not hasattr(module, "parse_args") and hasattr(module, "__path__"):
+        module = importlib.import_module(f"{name}.__main__")
+    return module
+
+
+def parse_recipe_args(run: RecipeRun) -> argparse.Namespace:
+    """Parse the command's arguments with the recipe's own parser, without training or building anything.
+
+    The Trainer recipes (`build_parser()`: `HfArgumentParser` over their `ScriptArguments` and `AdLoCoConfig`) go
+    through `parse_args_with_yaml`, which reads and checks `--config FILE.yaml`, then stop at argparse's namespace
+    (building `AdLoCoConfig` would need the command's devices); the other recipes have `parse_args(argv)`."""
+    module = recipe_module(run.module)
+    if hasattr(module, "build_parser"):
+        parser, parsed = module.build_parser(), {}
+
+        def parse_only(args=None, **_):
+            parsed["namespace"] = parse_or_fail(parser, args, run.command)
+            return (parsed["namespace"],)
+
+        parser.parse_args_into_dataclasses = parse_only
+        try:
+            parse_args_with_yaml(parser, run.args)
+        except SystemExit as error:  # --help, from argparse inside parse_args_with_yaml's first pass
+            if error.code != 0:
+                raise
+        except ValueError as error:  # a YAML file with an unknown key or a bad value
+            pytest.fail(f"{run.command}\n{error}")
+        return parsed.get("namespace")
+    assert hasattr(module, "parse_args"), f"{run.module} has no parse_args(argv) for the docs' commands to use"
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            parsed = module.parse_args(run.args)
+    except SystemExit as error:
+        if error.code == 0:  # --help
+            return None
+        pytest.fail(f"{run.command}\nis rejected by its parser (exit {error.code}): {last_line(stderr)}")
+    return parsed[0] if isinstance(parsed, tuple) else parsed
+
+
+def documented_runs() -> list[RecipeRun]:
+    runs = []
+    for path in DOC_FILES:
+        for command in page_commands(path):
+            if "recipes" not in command.text:
+                continue
+            try:
+                run = recipe_run(command)
+            except (pytest.fail.Exception, AssertionError) as error:
+                run = RecipeRun(command, "?", [], {}, "?", error=str(error))
+            if run is not None:
+                runs.append(run)
+    return runs
+
+
+RUNS = documented_runs()
+
+
+def test_the_docs_commands_are_found():
+    """The extraction itself: a README and docs/ that lost their commands (or a parser of them that finds none)
+    must not pass the tests below by having nothing to check."""
+    scripts = {run.module for run in RUNS}
+    assert {"recipes.pretrain_c4", "recipes.finetune_clm", "recipes.plot_run"} <= scripts, scripts
+    assert {"recipes.benchmarks.convergence", "recipes.benchmarks.links", "recipes.benchmarks.wallclock"} <= scripts
+    assert {"python", "accelerate"} <= {run.launcher for run in RUNS}
+    assert len(RUNS) >= 25, [str(run.command) for run in RUNS]
+    readme = [run for run in RUNS if run.command.path.endswith("README.md")]
+    assert any("--dataset_files" in run.args and run.module == "recipes.finetune_clm" for run in readme)
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda run: f"{relative(run.command.path)}:{run.command.line}")
+def test_every_documented_recipe_command_parses(run):
+    """Each command's arguments, parsed by that recipe's own parser (and its YAML file checked key by key)."""
+    if run.error is not None:
+        pytest.fail(run.error)
+    namespace = parse_recipe_args(run)
+    if run.module in ("recipes.pretrain_c4", "recipes.finetune_clm"):
+        # Where the command's values can be built on this machine (one process, no fp16 without a GPU), build the
+        # dataclasses as the recipe does: AdLoCoConfig's own checks (save_steps a multiple of inner_steps, ...).
+        if namespace is not None and not namespace.fp16 and namespace.processes_per_worker == 1:
+            script_args, training_args = recipe_module(run.module).parse_args(run.args)
+            assert isinstance(training_args, AdLoCoConfig) and dataclasses.is_dataclass(script_args)
+
+
+def test_a_rejected_argument_fails_the_check(tmp_path):
+    """The check above can fail: a documented command with a misspelt option, or a YAML key the recipe lacks."""
+    run = next(run for run in RUNS if run.module == "recipes.finetune_clm")
+    broken = RecipeRun(run.command, run.module, [*run.args, "--inner_stepz", "5"], run.env, run.launcher)
+    with pytest.raises(pytest.fail.Exception, match="unrecognized arguments: --inner_stepz"):
+        parse_recipe_args(broken)
+    config = tmp_path / "typo.yaml"
+    config.write_text("inner_stepz: 5\n")
+    run = next(run for run in RUNS if run.module == "recipes.pretrain_c4")
+    broken = RecipeRun(run.command, run.module, ["--config", str(config)], run.env, run.launcher)
+    with pytest.raises(pytest.fail.Exception, match="unknown key"):
+        parse_recipe_args(broken)
+    run = next(run for run in RUNS if run.module == "recipes.benchmarks.convergence")
+    broken = RecipeRun(run.command, run.module, [*run.args, "--methods", "no_such_method"], run.env, run.launcher)
+    with pytest.raises(pytest.fail.Exception, match="invalid choice"):
+        parse_recipe_args(broken)
+
+
+# ---- run end to end: the fine-tune command and the plot of its run, offline and at tiny sizes ----
+
+TINY = ["--max_steps", "20", "--block_size", "32", "--report_to", "none", "--disable_tqdm", "true"]
+
+
+def write_notes(path, documents: int = 60) -> list[str]:
+    rng = random.Random(0)
+    texts = [
+        " ".join(
+            f"The {rng.choice(['cat', 'dog', 'fox'])} in the {rng.choice(['barn', 'garden'])} eats "
+            f"{rng.choice(['apples', 'bread'])}."
+            for _ in range(rng.randint(4, 8))
+        )
+        for _ in range(documents)
+    ]
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": text}) + "\n" for text in texts)
+    return texts
+
+
+def run_as_documented(run: RecipeRun, cwd, extra: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    """The command's own arguments from `cwd` (where the files it names were made), `extra` appended (the command
+    line's last value wins), with the interpreter running these tests."""
+    script = os.path.join(REPO, *run.module.split(".")) + ".py"
+    env = (
+        os.environ
+        | run.env
+        | {
+            "PYTHONPATH": REPO,
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "HF_HOME": str(cwd / "hf"),
+            "MPLCONFIGDIR": str(cwd / "mpl"),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
+    command = [sys.executable, script, *run.args, *extra]
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{run.command}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+def test_the_readme_fine_tune_command_and_plot_run_as_written(tmp_path):
+    """`python recipes/finetune_clm.py --model_name_or_path outputs/demo/merged --dataset_files my.jsonl ...` from a
+    folder holding a tiny `outputs/demo/merged` and `my.jsonl`, then `python recipes/plot_run.py OUTPUT_DIR` on it."""
+    import datasets
+
+    from adloco_hf.data import load_or_train_tokenizer
+    from adloco_hf.presets import build_model
+
+    readme = [run for run in RUNS if run.command.path.endswith("README.md")]
+    finetune = next(run for run in readme if run.module == "recipes.finetune_clm" and "--dataset_files" in run.args)
+    model_dir = finetune.args[finetune.args.index("--model_name_or_path") + 1]
+    data_file = finetune.args[finetune.args.index("--dataset_files") + 1]
+    output_dir = finetune.args[finetune.args.index("--output_dir") + 1]
+    texts = write_notes(tmp_path / data_file)
+    tokenizer = load_or_train_tokenizer(
+        None, datasets.Dataset.from_dict({"text": texts}), vocab_size=300, cache_dir=str(tmp_path / "cache")
+    )
+    tokenizer.save_pretrained(tmp_path / model_dir)
+    build_model("tiny", vocab_size=len(tokenizer), seed=0).save_pretrained(tmp_path / model_dir)
+
+    run_as_documented(finetune, tmp_path, TINY)
+    results = json.loads((tmp_path / output_dir / "finetune_results.json").read_text())
+    assert results["perplexity_after"] < results["perplexity_before"], results
+
+    plot = next(run for run in RUNS if run.module == "recipes.plot_run" and run.args == ["OUTPUT_DIR"])
+    plot = RecipeRun(plot.command, plot.module, [output_dir], plot.env, plot.launcher)
+    summary = run_as_documented(plot, tmp_path, [])
+    assert (tmp_path / output_dir / "adloco_run.png").stat().st_size > 0, summary.stdout
+
+
+# ---- links and the configuration page ----
+
+
+def anchors(path: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    text = open(path, encoding="utf-8").read()
+    text = re.sub(r"^( *)```.*?^\1```", "", text, flags=re.S | re.M)
+    result = set()
+    for heading in re.findall(r"^#+ +(.+?) *$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower().replace("`", "")).replace(" ", "-")
+        result.add(slug)
+    return result
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=relative)
+def test_every_link_and_image_of_the_docs_resolves(path):
+    text = open(path, encoding="utf-8").read()
+    text = re.sub(r"^( *)```.*?^\1```", "", text, flags=re.S | re.M)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        file, _, anchor = target.partition("#")
+        resolved = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+        assert os.path.exists(resolved), f"{relative(path)}: {target} does not exist"
+        if anchor and resolved.endswith(".md"):
+            assert anchor in anchors(resolved), f"{relative(path)}: no heading for #{anchor} in {relative(resolved)}"
+
+
+def test_the_configuration_page_gives_the_defaults_of_the_code():
+    """Every `| \\`field\\` | default | ... |` row of docs/configuration.md is AdLoCoConfig's field and default."""
+    text = open(os.path.join(REPO, "docs", "configuration.md"), encoding="utf-8").read()
+    fields = {field.name: field for field in dataclasses.fields(AdLoCoConfig)}
+    rows = re.findall(r"^\| `(\w+)` \| `([^`|]+)` \|", text, re.M)
+    assert len(rows) >= 45, rows
+    for name, default in rows:
+        assert name in fields, f"docs/configuration.md: {name} is not a field of AdLoCoConfig"
+        assert ast.literal_eval(default) == fields[name].default, f"{name}: {default} in the docs"
+    own = {name for name in fields if name not in {f.name for f in dataclasses.fields(AdLoCoConfig.__mro__[1])}}
+    assert own <= {name for name, _ in rows}, f"undocumented: {sorted(own - {name for name, _ in rows})}"
+
+
+# ---- the README's first example ----
 
 
 def readme_example() -> str:

@@ -120,6 +120,27 @@ def test_yaml_satisfies_required_arguments(tmp_path):
     assert (script_args.model_name_or_path, script_args.dataset_name) == ("some/model", "notes.jsonl")
 
 
+def test_finetune_reads_local_files_without_a_dataset_name(tmp_path):
+    """`--dataset_files a.jsonl b.txt` alone: the files in order (globs expanded), `--num_documents` over all of them;
+    a missing file and no data at all are clear errors."""
+    finetune = load_recipe("finetune_clm")
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": f"a{i}"}) + "\n" for i in range(3)))
+    (tmp_path / "b.txt").write_text("b0\nb1\n")
+    argv = ["--model_name_or_path", "m", "--output_dir", str(tmp_path / "out"), "--max_steps", "10"]
+    script_args, _ = finetune.parse_args([*argv, "--inner_steps", "5", "--dataset_files", str(tmp_path / "a.jsonl")])
+    assert script_args.dataset_name is None
+    files = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.*")]
+    texts = finetune.load_documents(finetune.ScriptArguments(model_name_or_path="m", dataset_files=files))
+    assert texts["text"] == ["a0", "a1", "a2", "b0", "b1"]
+    first = finetune.ScriptArguments(model_name_or_path="m", dataset_files=files, num_documents=4)
+    assert finetune.load_documents(first)["text"] == ["a0", "a1", "a2", "b0"]
+    missing = finetune.ScriptArguments(model_name_or_path="m", dataset_files=[str(tmp_path / "none.jsonl")])
+    with pytest.raises(FileNotFoundError, match="none.jsonl: no such file"):
+        finetune.load_documents(missing)
+    with pytest.raises(SystemExit):
+        finetune.parse_args([*argv, "--inner_steps", "5"])
+
+
 @pytest.mark.parametrize("name", ["demo", "paper", "c4_microllama", "c4_streaming"])
 def test_shipped_configs_parse_and_start_with_their_launch_command(pretrain, name):
     path = CONFIGS / f"{name}.yaml"

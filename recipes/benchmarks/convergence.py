@@ -35,7 +35,7 @@ every step, AdLoCo's pseudo-gradients and merge transfers from its logs; and mea
 TCP sockets from `ss -tinpH` before and after training, evaluations excluded) and the training wall time
 (evaluations excluded).
 
-    # From the repository root. The README's table (4 CPU workers, tiny Llama, built-in corpus):
+    # From the repository root. The table of docs/results.md (4 CPU workers, tiny Llama, built-in corpus):
     python -m recipes.benchmarks.convergence
     # A quicker set (< 12 minutes on 2 CPU cores):
     python -m recipes.benchmarks.convergence --quick
@@ -200,7 +200,7 @@ METHODS: dict[str, dict] = {
     "adloco_int4": {"kind": "adloco", "adloco": {**ADLOCO, "pseudo_grad_compression": "int4"}, "variant_of": "adloco"},
     "adloco_overlap": {"kind": "adloco", "adloco": {**ADLOCO, "outer_overlap": True}, "variant_of": "adloco"},
 }
-# What runs without --methods: the comparison and its ablations (the 9 methods of the README's tables).
+# What runs without --methods: the comparison and its ablations (the 9 methods of docs/results.md's tables).
 DEFAULT_METHODS = (
     "ddp",
     "diloco",

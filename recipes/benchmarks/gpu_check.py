@@ -175,11 +175,15 @@ def summarise(outcomes: dict[str, dict], output_dir: str) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", default="outputs/benchmarks/gpu_check")
     parser.add_argument("--skip", nargs="*", default=[], choices=STEPS, help="Steps to leave out.")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
