@@ -6,7 +6,7 @@ from helpers import sequence_dataset, tiny_model
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.batch.max_batch import find_max_batch_size, is_out_of_memory, search_max_batch_size
-from adloco_hf.config.arguments import CPU_AUTO_MAX_BATCH_SIZE
+from adloco_hf.config.choices import CPU_AUTO_MAX_BATCH_SIZE
 
 
 @pytest.mark.parametrize("limit", [0, 1, 2, 3, 7, 64, 100, 4095, 4096, 5000])

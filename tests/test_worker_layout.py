@@ -10,6 +10,7 @@ from adloco_hf import AdLoCoConfig
 from adloco_hf.batch.size_tests import GradientStatistics
 from adloco_hf.checkpoint.run_settings import TRAJECTORY_FIELDS, compare_run_settings
 from adloco_hf.common.layout import WorkerLayout, part_range, part_ranges
+from adloco_hf.config.checks import check_processes_per_worker
 from adloco_hf.instances.table import Instance, plan_merge
 from adloco_hf.rounds.decision import RoundRules, WorkerReport, decide_round, run_summary
 
@@ -174,7 +175,7 @@ def test_processes_per_worker_must_divide_the_launch(tmp_path, monkeypatch):
     config = replace_fields(_config(tmp_path), processes_per_worker=4)  # validated alone: no process group here
     monkeypatch.setenv("WORLD_SIZE", "6")
     with pytest.raises(ValueError, match=r"processes_per_worker=4 does not divide the 6 processes"):
-        AdLoCoConfig._validate_processes_per_worker(config)
+        check_processes_per_worker(config)
 
 
 @pytest.mark.parametrize("name", ["batch_size_cap", "batch_size_floor"])
@@ -182,14 +183,14 @@ def test_per_worker_bounds_must_be_multiples_of_g(tmp_path, monkeypatch, name):
     config = replace_fields(_config(tmp_path), processes_per_worker=2, **{name: 9})
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(ValueError, match=rf"{name}=9 is not a multiple of processes_per_worker=2"):
-        AdLoCoConfig._validate_processes_per_worker(config)
+        check_processes_per_worker(config)
 
 
 def test_outer_overlap_is_refused_with_several_processes_per_worker(tmp_path, monkeypatch):
     config = replace_fields(_config(tmp_path), processes_per_worker=2, outer_overlap=True)
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(ValueError, match="outer_overlap=True is not supported with processes_per_worker=2"):
-        AdLoCoConfig._validate_processes_per_worker(config)
+        check_processes_per_worker(config)
 
 
 def test_fsdp_needs_several_processes_per_worker(tmp_path):
@@ -211,9 +212,9 @@ def test_fsdp_refusals_name_the_field_and_the_fix(tmp_path, monkeypatch, fields,
     config = replace_fields(_config(tmp_path), processes_per_worker=2, worker_parallelism="fsdp", **fields)
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(ValueError, match=message):
-        AdLoCoConfig._validate_processes_per_worker(config)
+        check_processes_per_worker(config)
     replace_fields(config, batch_size_test="none", fp16=False)
-    AdLoCoConfig._validate_processes_per_worker(config)  # fixed batches need no statistics: accepted
+    check_processes_per_worker(config)  # fixed batches need no statistics: accepted
 
 
 def test_a_resume_with_another_worker_parallelism_is_refused():
