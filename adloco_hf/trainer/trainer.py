@@ -33,7 +33,8 @@ from ..common.inputs import batch_length, count_tokens, split_inputs
 from ..config.arguments import AdLoCoConfig
 from ..evaluation.evaluate import evaluate_instances
 from ..outputs.hub import MergedModelHubMixin
-from ..rounds.decision import AdLoCoState, RoundResult, merge_record, round_logs
+from ..rounds.messages import merge_record, round_logs
+from ..rounds.state import AdLoCoState, RoundResult
 from ..sampling.sampler import AdaptiveBatchSampler, adaptive_train_loader
 from ..sampling.stream import is_stream
 from ..sampling.stream_sampler import AdaptiveStreamSampler, adaptive_stream_loader
