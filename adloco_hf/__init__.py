@@ -6,7 +6,7 @@ from .batch.switch_mode import BatchPlan, plan_batch
 from .config.arguments import AdLoCoConfig
 from .instances.health import SkippedRoundsError
 from .outputs.hub import HubUploadError
-from .rounds.decision import AdLoCoState
+from .rounds.state import AdLoCoState
 from .sampling.sampler import AdaptiveBatchSampler
 from .trainer.callback import AdLoCoCallback
 from .trainer.trainer import AdLoCoTrainer

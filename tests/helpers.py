@@ -4,12 +4,16 @@ Launching and the tiny models come from `adloco_hf.testing` (shared with the ben
 (the contract keys, the synthetic data) lives here.
 """
 
+import dataclasses
 import json
 import os
+import types
 
 import datasets
 import torch
 
+from adloco_hf import AdLoCoConfig
+from adloco_hf.rounds.rules import RoundRules
 from adloco_hf.testing import WorkersResult, free_port, launch_command, run_workers
 from adloco_hf.testing import tiny_llama as tiny_model
 from adloco_hf.testing import tiny_llama_config as tiny_config
@@ -17,6 +21,7 @@ from adloco_hf.testing import tiny_llama_config as tiny_config
 
 __all__ = [
     "CONTRACT_ROUND_KEYS",
+    "PAPER_ROUNDS",
     "REPO",
     "SCRIPTS",
     "TESTS",
@@ -27,6 +32,7 @@ __all__ = [
     "launch_run",
     "merged_params",
     "reports_of",
+    "round_rules",
     "rounds_of",
     "sequence_dataset",
     "tiny_config",
@@ -49,6 +55,22 @@ CONTRACT_ROUND_KEYS = frozenset(
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 SCRIPTS = os.path.join(TESTS, "scripts")
+
+
+# The paper's round end where the config's defaults differ: one round's gradient statistics, a non-positive estimate
+# of ‖∇F‖² clamped at 0, and a merged instance that keeps its per-worker request.
+PAPER_ROUNDS = {"batch_size_smoothing": 0.0, "nonpositive_signal": "clamp", "merge_batch_rule": "paper"}
+
+
+def round_rules(*, max_batch_size: int, shard_size: int | None = None, **settings) -> RoundRules:
+    """`RoundRules` as a run builds them (`RoundRules.from_args`), from `AdLoCoConfig`'s defaults overridden by
+    `settings` (its field names), without the config's checks: a test of the decision needs no output_dir."""
+    defaults = {f.name: f.default for f in dataclasses.fields(AdLoCoConfig) if f.default is not dataclasses.MISSING}
+    unknown = sorted(set(settings) - set(defaults))
+    if unknown:
+        raise TypeError(f"round_rules: {unknown} are not AdLoCoConfig fields")
+    args = types.SimpleNamespace(**{**defaults, **settings})
+    return RoundRules.from_args(args, max_batch_size=max_batch_size, shard_size=shard_size)
 
 
 def sequence_dataset(n: int = 512, length: int = 32, vocab_size: int = 64, seed: int = 1) -> datasets.Dataset:

@@ -4,11 +4,13 @@ import math
 import random
 
 import pytest
+from helpers import round_rules
 
 from adloco_hf.batch.controller import ControllerRules, NoiseEstimate, next_request
 from adloco_hf.batch.size_tests import GradientStatistics, next_batch_size, pool_statistics
 from adloco_hf.instances.table import Instance, plan_merge
-from adloco_hf.rounds.decision import RoundRules, WorkerReport, decide_round
+from adloco_hf.rounds.decision import decide_round
+from adloco_hf.rounds.rows import WorkerReport
 
 
 def pooled_of(variance: float, grad_sq_norm: float, samples: float = 4.0, workers: int = 1):
@@ -135,15 +137,14 @@ def _report(instance, variance=1.0, grad_sq_norm=100.0):
 def test_with_preserve_total_the_merge_weighs_what_ran_not_what_was_requested():
     """Instance 0 requested 12 but switch mode ran max_batch_size = 8 (12 ≤ γ × 8, so no accumulation); instance 1
     ran its 6. The paper weighs the requests, preserve_total the samples that ran."""
-    base = dict(
-        batch_size_test="none", eta=0.8, theta=0.3, nu=0.3, max_batch_size=8, switch_threshold=2.0, request_cap=None,
-        merge_every=1, merge_policy="smallest_pair",
-    )  # fmt: skip
+    base = dict(batch_size_test="none", max_batch_size=8, merge_every=1)
     instances = [Instance(0, (0,), 12), Instance(1, (1,), 6)]
     reports = [_report(0), _report(1)]
-    paper = decide_round(instances, reports, outer_step=1, global_step=5, rules=RoundRules(**base))
+    paper = decide_round(
+        instances, reports, outer_step=1, global_step=5, rules=round_rules(**base, merge_batch_rule="paper")
+    )
     kept = decide_round(
-        instances, reports, outer_step=1, global_step=5, rules=RoundRules(**base, merge_batch_rule="preserve_total")
+        instances, reports, outer_step=1, global_step=5, rules=round_rules(**base, merge_batch_rule="preserve_total")
     )
     assert paper.merge.weights == pytest.approx((12 / 18, 6 / 18))  # the requests
     assert kept.merge.weights == pytest.approx((8 / 14, 6 / 14))  # what ran: 8 (capped) and 6
@@ -152,11 +153,7 @@ def test_with_preserve_total_the_merge_weighs_what_ran_not_what_was_requested():
 
 
 def test_decide_round_carries_the_averages_and_reports_the_noise_scale():
-    rules = RoundRules(
-        batch_size_test="norm", eta=0.8, theta=0.3, nu=0.3, max_batch_size=64, switch_threshold=2.0,
-        request_cap=None, merge_every=0, merge_policy="smallest_pair", batch_size_smoothing=0.5,
-        nonpositive_signal="keep",
-    )  # fmt: skip
+    rules = round_rules(eta=0.8, max_batch_size=64, merge_every=0, batch_size_smoothing=0.5, nonpositive_signal="keep")
     instances = [Instance(0, (0,), 4)]
     first = decide_round(instances, [_report(0, 40.0, 12.0)], outer_step=1, global_step=5, rules=rules)
     estimate = first.instances[0].noise

@@ -4,37 +4,25 @@ import math
 from dataclasses import replace
 
 import pytest
+from helpers import PAPER_ROUNDS, round_rules
 
 from adloco_hf.batch.size_tests import GradientStatistics
 from adloco_hf.instances.health import final_merge_warnings
 from adloco_hf.instances.table import Instance, final_merge_weights
-from adloco_hf.rounds.decision import (
-    AdLoCoState,
-    RoundRules,
-    WorkerReport,
-    decide_round,
-    merge_record,
-    next_round_inner_steps,
-    outer_noise,
-    round_logs,
-    round_message,
-    run_summary,
-)
+from adloco_hf.rounds.decision import decide_round, next_round_inner_steps, outer_noise
+from adloco_hf.rounds.messages import merge_record, round_logs, round_message, run_summary
+from adloco_hf.rounds.rows import WorkerReport
+from adloco_hf.rounds.rules import RoundRules
+from adloco_hf.rounds.state import AdLoCoState
 
 
 def rules(**overrides) -> RoundRules:
+    """The paper's round end with η = 0.5 and max_batch_size 8: no merges, no stop for skipped rounds, the learning
+    rate compared with a batch of 1; `overrides` are `AdLoCoConfig` fields."""
     base = dict(
-        batch_size_test="norm",
-        eta=0.5,
-        theta=0.3,
-        nu=0.3,
-        max_batch_size=8,
-        switch_threshold=2.0,
-        request_cap=None,
-        merge_every=0,
-        merge_policy="smallest_pair",
+        PAPER_ROUNDS, eta=0.5, merge_every=0, max_skipped_rounds=None, per_device_train_batch_size=1, max_batch_size=8
     )
-    return RoundRules(**{**base, **overrides})
+    return round_rules(**{**base, **overrides})
 
 
 def stats(variance: float, grad_sq_norm: float, samples: float = 4.0, dof: float = 1.0) -> GradientStatistics:
@@ -86,7 +74,7 @@ def test_a_quiet_gradient_keeps_the_request_it_never_shrinks():
 def test_the_cap_bounds_growth_but_never_lowers_a_request():
     table = [Instance(0, (0,), 4)]
     capped = decide_round(
-        table, [report(0, stats(8.0, 1.0))], outer_step=1, global_step=10, rules=rules(request_cap=10)
+        table, [report(0, stats(8.0, 1.0))], outer_step=1, global_step=10, rules=rules(batch_size_cap=10)
     )
     assert capped.instances[0].batch_size == 10
     above = decide_round(
@@ -94,7 +82,7 @@ def test_the_cap_bounds_growth_but_never_lowers_a_request():
         [report(0, stats(8.0, 1.0))],
         outer_step=1,
         global_step=10,
-        rules=rules(request_cap=10),
+        rules=rules(batch_size_cap=10),
     )
     assert above.instances[0].batch_size == 12
 
@@ -163,7 +151,7 @@ def test_the_line_follows_switch_mode_and_the_learning_rate_rule():
         [report(0)],
         outer_step=1,
         global_step=10,
-        rules=rules(lr_batch_scaling="sqrt", reference_batch_size=5),
+        rules=rules(lr_batch_scaling="sqrt", per_device_train_batch_size=5),
     )
     line = decision.lines[0]
     assert (line.micro_batch_size, line.accumulation_steps) == (7, 3)  # 20 > 2 × 8: accumulate ⌈20/8⌉ chunks

@@ -6,7 +6,7 @@ import pytest
 
 from adloco_hf.instances.table import Instance, MergePlan
 from adloco_hf.outputs.run_log import RunLog, load_rounds
-from adloco_hf.rounds.decision import RoundLine
+from adloco_hf.rounds.rows import RoundLine
 from recipes.benchmarks import wallclock as wc
 
 

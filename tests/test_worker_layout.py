@@ -5,13 +5,18 @@ import math
 from dataclasses import replace
 
 import pytest
+from helpers import PAPER_ROUNDS, round_rules
 
 from adloco_hf import AdLoCoConfig
 from adloco_hf.batch.size_tests import GradientStatistics
 from adloco_hf.checkpoint.run_settings import TRAJECTORY_FIELDS, compare_run_settings
 from adloco_hf.common.layout import WorkerLayout, part_range, part_ranges
+from adloco_hf.config.checks import check_processes_per_worker
 from adloco_hf.instances.table import Instance, plan_merge
-from adloco_hf.rounds.decision import RoundRules, WorkerReport, decide_round, run_summary
+from adloco_hf.rounds.decision import decide_round
+from adloco_hf.rounds.messages import run_summary
+from adloco_hf.rounds.rows import WorkerReport
+from adloco_hf.rounds.rules import RoundRules
 
 
 def test_consecutive_ranks_form_a_worker():
@@ -53,19 +58,11 @@ def test_the_slices_cover_the_vector_once(numel, parts):
 
 
 def _rules(**overrides) -> RoundRules:
+    """The paper's round end with two processes per worker, η = 0.5, max_batch_size 4 and no merges."""
     base = dict(
-        batch_size_test="norm",
-        eta=0.5,
-        theta=0.3,
-        nu=0.3,
-        max_batch_size=4,
-        switch_threshold=2.0,
-        request_cap=None,
-        merge_every=0,
-        merge_policy="smallest_pair",
-        processes_per_worker=2,
+        PAPER_ROUNDS, eta=0.5, merge_every=0, max_skipped_rounds=None, per_device_train_batch_size=1, max_batch_size=4
     )
-    return RoundRules(**{**base, **overrides})
+    return round_rules(**{**base, "processes_per_worker": 2, **overrides})
 
 
 def _report(instance: int, *, payload: int, variance: float = 40.0, samples: float = 4.0) -> WorkerReport:
@@ -145,7 +142,7 @@ def test_preserve_total_keeps_requests_multiples_of_g():
 
 
 def test_the_summary_counts_workers():
-    from adloco_hf.rounds.decision import AdLoCoState
+    from adloco_hf.rounds.state import AdLoCoState
 
     state = AdLoCoState(1, 10, 100, 0, 0, 0, 1.0, 1, {0: 4}, {0: (0, 1)})
     summary = run_summary(state, 4, 2)
@@ -174,7 +171,7 @@ def test_processes_per_worker_must_divide_the_launch(tmp_path, monkeypatch):
     config = replace_fields(_config(tmp_path), processes_per_worker=4)  # validated alone: no process group here
     monkeypatch.setenv("WORLD_SIZE", "6")
     with pytest.raises(ValueError, match=r"processes_per_worker=4 does not divide the 6 processes"):
-        AdLoCoConfig._validate_processes_per_worker(config)
+        check_processes_per_worker(config)
 
 
 @pytest.mark.parametrize("name", ["batch_size_cap", "batch_size_floor"])
@@ -182,14 +179,14 @@ def test_per_worker_bounds_must_be_multiples_of_g(tmp_path, monkeypatch, name):
     config = replace_fields(_config(tmp_path), processes_per_worker=2, **{name: 9})
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(ValueError, match=rf"{name}=9 is not a multiple of processes_per_worker=2"):
-        AdLoCoConfig._validate_processes_per_worker(config)
+        check_processes_per_worker(config)
 
 
 def test_outer_overlap_is_refused_with_several_processes_per_worker(tmp_path, monkeypatch):
     config = replace_fields(_config(tmp_path), processes_per_worker=2, outer_overlap=True)
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(ValueError, match="outer_overlap=True is not supported with processes_per_worker=2"):
-        AdLoCoConfig._validate_processes_per_worker(config)
+        check_processes_per_worker(config)
 
 
 def test_fsdp_needs_several_processes_per_worker(tmp_path):
@@ -211,9 +208,9 @@ def test_fsdp_refusals_name_the_field_and_the_fix(tmp_path, monkeypatch, fields,
     config = replace_fields(_config(tmp_path), processes_per_worker=2, worker_parallelism="fsdp", **fields)
     monkeypatch.setenv("WORLD_SIZE", "4")
     with pytest.raises(ValueError, match=message):
-        AdLoCoConfig._validate_processes_per_worker(config)
+        check_processes_per_worker(config)
     replace_fields(config, batch_size_test="none", fp16=False)
-    AdLoCoConfig._validate_processes_per_worker(config)  # fixed batches need no statistics: accepted
+    check_processes_per_worker(config)  # fixed batches need no statistics: accepted
 
 
 def test_a_resume_with_another_worker_parallelism_is_refused():
@@ -241,7 +238,7 @@ def test_rules_count_requests_per_worker(tmp_path):
     config = replace_fields(_config(tmp_path, per_device_train_batch_size=3), processes_per_worker=2)
     rules = RoundRules.from_args(config, max_batch_size=4, shard_size=10)
     assert rules.processes_per_worker == 2
-    assert rules.request_cap == 20  # the worker's shard: its two processes' shards
-    assert rules.batch_size_floor == 6  # the initial request, 2 × per_device_train_batch_size
+    assert rules.controller.cap == 20  # the worker's shard: its two processes' shards
+    assert rules.controller.floor == 6  # the initial request, 2 × per_device_train_batch_size
     assert rules.reference_batch_size == 3  # a process's, as the learning rate scaling compares it
     assert replace(rules, processes_per_worker=1).processes_per_worker == 1

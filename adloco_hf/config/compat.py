@@ -10,7 +10,7 @@ Every field of `TrainingArguments` (transformers 5.23) was checked against what 
 | `deepspeed`, `fsdp`, `parallelism_config` | refused | they shard the model; each worker trains a full copy |
 | `enable_jit_checkpoint` | refused | saves at any step on SIGTERM; workers agree only at a round's end |
 | `optim` = `lomo`, `adalomo`, `*_layerwise` | refused | they step inside backward: micro-batches cannot accumulate |
-| `gradient_accumulation_steps`, `average_tokens_across_devices`, `ignore_data_skip`, `dataloader_num_workers`, `load_best_model_at_end`, epoch strategies | refused | (`AdLoCoConfig._validate_adloco`, `_validate_schedule`) |
+| `gradient_accumulation_steps`, `average_tokens_across_devices`, `ignore_data_skip`, `dataloader_num_workers`, `load_best_model_at_end`, epoch strategies | refused | (`config/checks.py`: `check_adloco`, `check_schedule`) |
 | `torch_compile` (and its backend/mode) | warned | runs, but changing batch shapes recompile: 100 s instead of 9 s for 40 steps |
 | `ddp_find_unused_parameters`, `ddp_bucket_cap_mb`, `ddp_broadcast_buffers`, `ddp_static_graph` | warned | no DDP |
 | `use_cpu` unset with `WORLD_SIZE > 1` and no GPU | set | (`AdLoCoConfig._form_cpu_world`) |

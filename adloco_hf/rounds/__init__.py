@@ -1,1 +1,3 @@
-"""A round: the pure decision taken at its end, and the running tally a worker keeps during it."""
+"""A round's end: its rules (`rules.py`), the rows it reads and writes (`rows.py`), the pure decision every rank takes
+(`decision.py`), the run's state after it (`state.py`), what it logs (`messages.py`), and the running tally a worker
+keeps during it (`tally.py`)."""

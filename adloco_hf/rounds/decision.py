@@ -2,246 +2,41 @@
 
 At the end of every round each worker contributes a `WorkerReport` to one all-gather; every rank then calls
 `decide_round` on the same reports and so takes the same decisions: each instance's next batch request (the
-batch-size test on the pooled gradient statistics), whether a merge is due and which, and the `RoundLine` that
-`adloco_rounds.jsonl` records for every instance. `AdLoCoState` is the run's running totals, the typed view users
-read as `trainer.adloco_state`.
+batch-size test on the pooled gradient statistics), whether a merge is due and which, the next round's inner steps,
+and the `RoundLine` that `adloco_rounds.jsonl` records for every instance.
 """
 
 import math
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
-from ..batch.controller import ControllerRules, next_request
+from ..batch.controller import next_request
 from ..batch.lr_scaling import lr_factor
-from ..batch.size_tests import GradientStatistics, PooledStatistics, pool_statistics
+from ..batch.size_tests import PooledStatistics, pool_statistics
 from ..batch.switch_mode import plan_batch
-from ..common.formats import format_bytes
 from ..instances.health import merge_warnings, skipped_rounds_failure
-from ..instances.merges import MergeResult
 from ..instances.table import Instance, MergePlan, merge_is_due, plan_merge
 from ..outer.step import ring_all_reduce_bytes
+
+# The names below lived here before rounds/ was split by idea; the worker still imports them from this module.
+from .messages import round_message, run_summary
+from .rows import RoundLine, WorkerReport
+from .rules import RoundRules
+from .state import AdLoCoState, RoundResult, RunTotals
 
 
 __all__ = [
     "AdLoCoState",
-    "MergeResult",
-    "RoundResult",
     "RoundDecision",
-    "RoundLine",
+    "RoundResult",
     "RoundRules",
     "RunTotals",
     "WorkerReport",
     "decide_round",
-    "merge_record",
-    "round_logs",
+    "next_round_inner_steps",
+    "outer_noise",
     "round_message",
     "run_summary",
 ]
-
-
-@dataclass(frozen=True)
-class WorkerReport:
-    """What one worker tells every other at the end of a round (one row of the round-end all-gather)."""
-
-    instance: int
-    stats: GradientStatistics
-    loss_sum: float
-    loss_steps: int
-    samples: int
-    tokens: float
-    pseudo_grad_norm: float
-    payload_bytes: int
-    comm_seconds: float
-    outer_seconds: float
-    skipped: bool
-    preempt: bool = False  # this worker got SIGTERM/SIGINT, or agreed to stop at this round's end
-    local_sq_norm: float = math.nan  # ‖Δ_w‖² of this worker's own pseudo-gradient (nan: not measured)
-
-    _SCALARS = (
-        "loss_sum",
-        "loss_steps",
-        "samples",
-        "tokens",
-        "pseudo_grad_norm",
-        "payload_bytes",
-        "comm_seconds",
-        "outer_seconds",
-        "skipped",
-        "preempt",
-        "local_sq_norm",
-    )
-
-    def to_row(self) -> list[float]:
-        """The flat row of floats the all-gather carries."""
-        return [float(self.instance), *self.stats.as_list(), *(float(getattr(self, k)) for k in self._SCALARS)]
-
-    @classmethod
-    def from_row(cls, row: list[float]) -> "WorkerReport":
-        width = len(GradientStatistics.FIELDS)
-        stats = GradientStatistics.from_list(row[1 : 1 + width])
-        values = dict(zip(cls._SCALARS, row[1 + width :]))
-        return cls(
-            instance=int(row[0]),
-            stats=stats,
-            loss_sum=values["loss_sum"],
-            loss_steps=int(values["loss_steps"]),
-            samples=int(values["samples"]),
-            tokens=values["tokens"],
-            pseudo_grad_norm=values["pseudo_grad_norm"],
-            payload_bytes=int(values["payload_bytes"]),
-            comm_seconds=values["comm_seconds"],
-            outer_seconds=values["outer_seconds"],
-            skipped=bool(values["skipped"]),
-            preempt=bool(values["preempt"]),
-            local_sq_norm=values["local_sq_norm"],
-        )
-
-
-@dataclass(frozen=True)
-class RoundRules:
-    """The settings a round's decision depends on (taken from `AdLoCoConfig` and the resolved micro-batch limit)."""
-
-    batch_size_test: str
-    eta: float
-    theta: float
-    nu: float
-    max_batch_size: int
-    switch_threshold: float
-    request_cap: int | None
-    merge_every: int
-    merge_policy: str
-    lr_batch_scaling: str = "none"
-    reference_batch_size: int = 1
-    max_skipped_rounds: int | None = None  # None: never stop for skipped rounds
-    # The request's controller (`batch_controller`) and the merge's batch rule; the defaults are the paper's.
-    batch_size_smoothing: float = 0.0
-    nonpositive_signal: str = "clamp"
-    batch_size_shrink: bool = False
-    shrink_hysteresis: float = 0.5
-    batch_size_floor: int = 1
-    batch_size_target: str = "test"
-    noise_scale_multiple: float = 1.0
-    merge_batch_rule: str = "paper"
-    # How many inner steps the next round has (`inner_steps_rule`): fixed, or doubled up to max_inner_steps while the
-    # workers' pseudo-gradients agree (outer noise ≤ outer_noise_theta²).
-    inner_steps_rule: str = "fixed"
-    max_inner_steps: int | None = None
-    outer_noise_theta: float = 0.5
-    processes_per_worker: int = 1  # G: requests are per worker and multiples of G, each process draws 1/G
-
-    @property
-    def controller(self) -> ControllerRules:
-        return ControllerRules(
-            test=self.batch_size_test,
-            eta=self.eta,
-            theta=self.theta,
-            nu=self.nu,
-            cap=self.request_cap,
-            smoothing=self.batch_size_smoothing,
-            nonpositive_signal=self.nonpositive_signal,
-            shrink=self.batch_size_shrink,
-            shrink_hysteresis=self.shrink_hysteresis,
-            floor=self.batch_size_floor,
-            target=self.batch_size_target,
-            noise_scale_multiple=self.noise_scale_multiple,
-        )
-
-    @classmethod
-    def from_args(cls, args, *, max_batch_size: int, shard_size: int | None) -> "RoundRules":
-        """From an `AdLoCoConfig`; a request is capped by `batch_size_cap` and by a worker's data shard (None for a
-        stream, which has no shard to exhaust: then only `batch_size_cap` caps it, or nothing). `shard_size` and
-        `max_batch_size` are a process's; with G processes per worker the worker's shard is G of them."""
-        g = getattr(args, "processes_per_worker", 1)
-        caps = [
-            cap for cap in (args.batch_size_cap, None if shard_size is None else g * shard_size) if cap is not None
-        ]
-        cap = min(caps) if caps else None
-        return cls(
-            batch_size_test=args.batch_size_test,
-            eta=args.eta,
-            theta=args.theta,
-            nu=args.nu,
-            max_batch_size=max_batch_size,
-            switch_threshold=args.switch_threshold,
-            request_cap=cap,
-            merge_every=args.merge_every,
-            merge_policy=args.merge_policy,
-            lr_batch_scaling=args.lr_batch_scaling,
-            reference_batch_size=args.per_device_train_batch_size,
-            max_skipped_rounds=args.max_skipped_rounds,
-            batch_size_smoothing=args.batch_size_smoothing,
-            nonpositive_signal=args.nonpositive_signal,
-            batch_size_shrink=args.batch_size_shrink,
-            shrink_hysteresis=args.shrink_hysteresis,
-            batch_size_floor=args.batch_size_floor or g * args.per_device_train_batch_size,
-            batch_size_target=args.batch_size_target,
-            noise_scale_multiple=args.noise_scale_multiple,
-            merge_batch_rule=args.merge_batch_rule,
-            inner_steps_rule=args.inner_steps_rule,
-            max_inner_steps=args.max_inner_steps,
-            outer_noise_theta=args.outer_noise_theta,
-            processes_per_worker=g,
-        )
-
-
-@dataclass
-class RoundLine:
-    """One line of `adloco_rounds.jsonl`: one instance in one round (the DESIGN §4 keys and a few more)."""
-
-    outer_step: int
-    global_step: int
-    instance: int
-    workers: list[int]
-    batch_size: int
-    next_batch_size: int
-    micro_batch_size: int
-    accumulation_steps: int
-    lr_factor: float
-    samples: int
-    tokens: int
-    train_loss: float
-    grad_variance: float
-    grad_sq_norm: float
-    grad_ip_variance: float
-    grad_orth_variance: float
-    stats_dof: float
-    pseudo_grad_norm: float
-    comm_bytes: int
-    comm_seconds: float
-    outer_seconds: float
-    merged_from: list[int] = field(default_factory=list)
-    skipped: bool = False
-    skipped_in_a_row: int = 0  # this round included, while it is skipped
-    merge_bytes: int | None = None  # the merge's bytes, on the survivor's line only
-    merge_seconds: float = 0.0
-    noise_scale: float | None = None  # tr Σ / ‖∇F‖² from the controller's averages (None while ‖∇F‖² ≤ 0)
-    inner_steps: int = 0  # the inner steps this round ran (H; the first round after H doubled may run fewer)
-    outer_noise: float | None = None  # the workers' pseudo-gradients' variance / (M ‖Δ̄‖²) (None: one worker, overlap)
-    num_instances: int = 0
-    total_tokens: int = 0
-    elapsed_seconds: float = 0.0
-    # G > 1 only (left out of the file for G = 1): the processes of each worker; `micro_batch_size` is a process's.
-    processes_per_worker: int = 1
-    processes: list[int] | None = None
-    # G > 1: the bytes each local rank of a worker contributes to the all-reduce between workers (its slice of the
-    # pseudo-gradient, about 1/G of the payload each: a node's G links share the traffic); `comm_bytes` is their
-    # ring total.
-    process_payload_bytes: list[int] | None = None
-
-    @property
-    def batch_size_used(self) -> int:
-        """Samples each worker of the instance used per inner step this round: the request `batch_size`, or
-        `max_batch_size` (of each of its G processes) where switch mode capped it (a request above it but within
-        `switch_threshold` × it)."""
-        return self.batch_size if self.accumulation_steps > 1 else self.processes_per_worker * self.micro_batch_size
-
-    def to_json(self) -> dict[str, Any]:
-        line = asdict(self)
-        if line["merge_bytes"] is None:
-            del line["merge_bytes"]
-        if self.processes_per_worker == 1:
-            del line["processes_per_worker"], line["processes"], line["process_payload_bytes"]
-        return line
 
 
 @dataclass(frozen=True)
@@ -406,132 +201,3 @@ def next_round_inner_steps(lines: list[RoundLine], inner_steps: int, rules: Roun
     if noise <= rules.outer_noise_theta**2:
         return min(2 * inner_steps, rules.max_inner_steps)
     return inner_steps
-
-
-@dataclass
-class RunTotals:
-    """Running totals of a worker's run, saved in its checkpoints (the keys of the `totals` entry)."""
-
-    tokens: int = 0
-    comm_bytes: int = 0
-    skipped_rounds: int = 0
-    merges: int = 0
-    elapsed: float = 0.0
-
-
-@dataclass(frozen=True)
-class AdLoCoState:
-    """Where an AdLoCo run stands (`trainer.adloco_state`), the same on every worker after each round.
-
-    Attributes:
-        rounds: completed rounds (outer steps).
-        last_round_step: the Trainer's global step at which the last round ended (0 before the first).
-        tokens: tokens trained by all workers together.
-        comm_bytes: bytes sent by all workers together (outer steps, merges, the final merge).
-        merges: merges so far.
-        skipped_rounds: instance-rounds skipped for a non-finite pseudo-gradient.
-        elapsed_seconds: training time, across resumes.
-        num_instances: instances training now.
-        batch_sizes: instance id → per-worker request for the next round.
-        workers: instance id → its workers' global ranks.
-        final_merged: whether the instances have been merged into the final model.
-    """
-
-    rounds: int
-    last_round_step: int
-    tokens: int
-    comm_bytes: int
-    merges: int
-    skipped_rounds: int
-    elapsed_seconds: float
-    num_instances: int
-    batch_sizes: dict[int, int]
-    workers: dict[int, tuple[int, ...]]
-    final_merged: bool = False
-
-
-@dataclass(frozen=True)
-class RoundResult:
-    """What a round's end did: one line per instance that trained in it, and the merge, if any."""
-
-    lines: list[RoundLine]
-    merge: MergeResult | None = None
-    preempted: bool = False  # some worker got SIGTERM/SIGINT: every worker stops after this round
-
-
-def run_summary(state: AdLoCoState, world_size: int, processes_per_worker: int = 1) -> dict[str, Any]:
-    """The run in a few numbers, for model cards (`world_size`: the processes of the launch)."""
-    summary = {
-        "rounds": state.rounds,
-        "inner steps": state.last_round_step,
-        "workers": world_size // processes_per_worker,
-        "instances at the end": state.num_instances,
-        "final per-worker batch sizes": dict(state.batch_sizes),
-        "merges": state.merges,
-        "tokens": state.tokens,
-        "bytes communicated": state.comm_bytes,
-        "skipped rounds": state.skipped_rounds,
-    }
-    if processes_per_worker > 1:
-        summary["processes per worker"] = processes_per_worker
-    return summary
-
-
-def round_message(lines: list[RoundLine], num_instances: int, merge: MergePlan | None) -> str:
-    """The one log line of a round, e.g. `round 3 (step 60) | instances 2 | batch i0=4→6 | loss 5.1 | sent 3.8 MiB`."""
-    batches = ", ".join(f"i{line.instance}={line.batch_size}→{line.next_batch_size}" for line in lines)
-    losses = [line.train_loss for line in lines if line.train_loss is not None]
-    message = (
-        f"round {lines[0].outer_step} (step {lines[0].global_step}) | instances {num_instances} | "
-        f"batch {batches} | loss {min(losses) if losses else float('nan'):.4f} | "
-        f"sent {format_bytes(sum(line.comm_bytes for line in lines))}"
-    )
-    if merge is not None:
-        message += f" | merged {merge.merged}→{merge.survivor} (weights {merge.weights[0]:.2f}/{merge.weights[1]:.2f})"
-    skipped = [line for line in lines if line.skipped]
-    if skipped:
-        in_a_row = ", ".join(f"i{line.instance}: {line.skipped_in_a_row} in a row" for line in skipped)
-        message += f" | SKIPPED (non-finite) {[line.instance for line in skipped]} ({in_a_row})"
-    return message
-
-
-def round_logs(lines: list[RoundLine], state: AdLoCoState, instances: list[Instance]) -> dict[str, float]:
-    """The `adloco/*` values a round adds to the Trainer's logs (TensorBoard, W&B, ...).
-
-    `adloco/batch_size` is the mean per-worker request for the next round, over all workers; per instance,
-    `batch_size_used` is what each of its workers ran in this round and `next_batch_size` its request for the next.
-    """
-    world_size = sum(len(i.workers) for i in instances)
-    demand = {inst.id: inst.demand for inst in instances}
-    logs = {
-        "adloco/round": state.rounds,
-        "adloco/num_instances": state.num_instances,
-        "adloco/batch_size": sum(i.batch_size * len(i.workers) for i in instances) / world_size,
-        "adloco/comm_bytes": state.comm_bytes,
-        "adloco/tokens": state.tokens,
-        "adloco/skipped_rounds": state.skipped_rounds,
-    }
-    variances = [(line.grad_variance, demand.get(line.instance, 0.0)) for line in lines]
-    finite = [(v, d) for v, d in variances if v is not None and math.isfinite(v)]
-    if finite and sum(d for _, d in finite) > 0:
-        logs["adloco/grad_variance"] = sum(v * d for v, d in finite) / sum(d for _, d in finite)
-    for line in lines:
-        prefix = f"adloco/instance_{line.instance}"
-        logs[f"{prefix}/batch_size_used"] = line.batch_size_used
-        logs[f"{prefix}/next_batch_size"] = line.next_batch_size
-        if line.train_loss is not None and math.isfinite(line.train_loss):
-            logs[f"{prefix}/train_loss"] = line.train_loss
-        if line.outer_noise is not None:
-            logs[f"{prefix}/outer_noise"] = line.outer_noise
-    return logs
-
-
-def merge_record(plan: MergePlan, outer_step: int) -> dict[str, Any]:
-    """`adloco_merge.json` of a merge folder (DESIGN §4): instances, demands and weights in the same order."""
-    return {
-        "outer_step": outer_step,
-        "instances": [plan.survivor, plan.merged],
-        "demands": list(plan.demands),
-        "weights": list(plan.weights),
-        "survivor": plan.survivor,
-    }

@@ -1,4 +1,5 @@
-"""`AdLoCoTrainer`: the Hugging Face `Trainer` with AdLoCo's inner loop, its callback and its checkpoint save."""
+"""`AdLoCoTrainer`: the Hugging Face `Trainer` with AdLoCo's inner loop, its callback, and the steps its overrides run
+(the inner step, the training data, resuming, the checkpoint save, the merge folders)."""
 
 import importlib
 from typing import TYPE_CHECKING

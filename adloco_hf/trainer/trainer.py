@@ -1,58 +1,48 @@
 """`AdLoCoTrainer`: the HF `Trainer` with AdLoCo's inner loop. Only overrides live here, each saying why.
 
-The rounds themselves belong to this process's [`Worker`] (`worker.py`); `AdLoCoCallback` (`callback.py`) hands
-the Trainer's events to it: training begins, a step ends (and with it, every `inner_steps` steps, a round), training
-ends.
+The rounds themselves belong to this process's [`Worker`] (`worker/core.py`); `AdLoCoCallback` (`callback.py`)
+hands the Trainer's events to it: training begins, a step ends (and with it, every `inner_steps` steps, a round),
+training ends. What the overrides run lives beside this file: the inner step (`inner_step.py`), the training data
+(`loaders.py`), resuming (`resume.py`), the checkpoint save (`staged_save.py`) and the merge folders
+(`merge_folders.py`).
 """
 
 import contextlib
+import functools
 import logging
 import os
 import warnings
 
-import datasets
 import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer
 from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..batch.switch_mode import Statistics, StepPlan
-from ..checkpoint.elastic import check_instances_fit, elastic_rank_state
-from ..checkpoint.folders import (
-    check_rank_states,
-    load_rank_state,
-    save_errors,
-    save_global_weights,
-    save_model_folder,
-)
+from ..checkpoint.folders import save_errors
 from ..checkpoint.manifest import resolve_checkpoint
-from ..checkpoint.run_settings import check_run_settings, run_settings
 from ..common.console import restart_rate_estimate
-from ..common.inputs import batch_length, count_tokens, split_inputs
+from ..common.inputs import batch_length, count_tokens
 from ..config.arguments import AdLoCoConfig
 from ..evaluation.evaluate import evaluate_instances
 from ..outputs.hub import MergedModelHubMixin
-from ..rounds.decision import AdLoCoState, RoundResult, merge_record, round_logs
-from ..sampling.sampler import AdaptiveBatchSampler, adaptive_train_loader
-from ..sampling.stream import is_stream
-from ..sampling.stream_sampler import AdaptiveStreamSampler, adaptive_stream_loader
+from ..rounds.messages import round_logs
+from ..rounds.state import AdLoCoState, RoundResult
+from ..sampling.sampler import AdaptiveBatchSampler
+from ..sampling.stream_sampler import AdaptiveStreamSampler
 from ..worker.core import Worker
 from ..worker.preemption import TrainingPreempted
 from .callback import AdLoCoCallback
+from .inner_step import accumulate, no_sync, probe_step, worker_ddp
+from .loaders import train_loader
+from .merge_folders import save_global_weights_folder, save_merge
+from .resume import check_workers_for_instances, load_checkpoint, load_scheduler
 from .staged_save import save_staged_checkpoint
 
 
 __all__ = ["AdLoCoTrainer"]
 
 logger = logging.getLogger(__name__)
-
-
-def _no_sync(model):
-    """DDP's `no_sync` for a worker of several processes; nothing to turn off for a bare model."""
-    return (
-        model.no_sync() if isinstance(model, torch.nn.parallel.DistributedDataParallel) else contextlib.nullcontext()
-    )
 
 
 class AdLoCoTrainer(MergedModelHubMixin, Trainer):
@@ -155,7 +145,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
     def _after_round(self, result: RoundResult) -> None:
         """Save (and push) a merge, count tokens for the Trainer, report `adloco/*` values (same call on every rank)."""
         if result.merge is not None and result.merge.phi is not None:
-            self._save_merge(result)
+            save_merge(self, result)
         if self.args.include_num_input_tokens_seen != "no":
             self.state.num_input_tokens_seen = self.worker.totals.tokens
         if self.args.logging_strategy != "no":
@@ -188,7 +178,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         The checkpoint to resume from is verified first; `True` takes the newest intact one (`manifest.py`)."""
         self._preempted_at = None
         resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
-        self._check_instances_fit(resume_from_checkpoint)
+        check_workers_for_instances(self.args, self.worker, resume_from_checkpoint)
         output = super().train(resume_from_checkpoint, *args, **kwargs)
         if self._preempted_at is not None:
             checkpoint = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self._preempted_at}")
@@ -200,28 +190,6 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
                 checkpoint,
             )
         return output
-
-    def _check_instances_fit(self, resume_from_checkpoint: str | None) -> None:
-        """Every instance needs a worker: a new run's `num_instances`, a resumed run's checkpoint's instances (merges
-        may have left fewer than `num_instances`; an elastic resume may have fewer workers, `elastic.py`)."""
-        args = self.args
-        num_workers = self.worker.num_workers
-        if resume_from_checkpoint is not None:
-            check_instances_fit(resume_from_checkpoint, num_workers)
-        elif args.num_instances > num_workers:
-            cpu = (
-                " Without a GPU, `accelerate launch --num_processes N` alone starts ONE process: launch with "
-                f"`accelerate launch --multi_gpu --num_processes {args.num_instances} train.py` and use_cpu=True "
-                "(AdLoCoConfig sets it when no GPU is present), or --config_file accelerate_configs/cpu_4_workers.yaml."
-            )
-            g = self.worker.processes_per_worker
-            launch = f"{args.num_instances} processes" if g == 1 else f"{args.num_instances * g} processes"
-            per = "" if g == 1 else f" (processes_per_worker={g})"
-            raise ValueError(
-                f"num_instances={args.num_instances} exceeds the {num_workers} worker(s) of this launch{per}; lower "
-                f"num_instances or launch at least {launch} (accelerate launch --num_processes)."
-                + (cpu if args.device.type == "cpu" else "")
-            )
 
     def _run_epoch(self, *args, **kwargs) -> None:
         """A run resumed from its final checkpoint (`global_step >= max_steps`) only ends: `_finish_rounds` redoes
@@ -239,32 +207,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         A stream goes through `AdaptiveStreamSampler` (this worker's part of it, batches of the planned size)."""
         if self.train_dataset is None:
             raise ValueError("AdLoCoTrainer: training requires a train_dataset.")
-        dataset, collator = self.train_dataset, self.data_collator
-        if is_stream(dataset):
-            self._train_loader = adaptive_stream_loader(
-                dataset,
-                self._get_collator_with_removed_columns(collator, description="training"),
-                batch_size=self.args.per_device_train_batch_size,
-                num_workers=self.args.world_size,
-                rank=self.args.process_index,
-                pin_memory=self.args.dataloader_pin_memory,
-            )
-            self.train_sampler = self._train_loader.dataset
-            return self._train_loader
-        if isinstance(dataset, datasets.Dataset):
-            dataset = self._remove_unused_columns(dataset, description="training")
-        else:
-            collator = self._get_collator_with_removed_columns(collator, description="training")
-        self._train_loader = adaptive_train_loader(
-            dataset,
-            collator,
-            batch_size=self.args.per_device_train_batch_size,
-            num_workers=self.args.world_size,
-            rank=self.args.process_index,
-            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
-            pin_memory=self.args.dataloader_pin_memory,
-        )
-        self.train_sampler = self._train_loader.batch_sampler
+        self._train_loader, self.train_sampler = train_loader(self)
         return self._train_loader
 
     def _wrap_model(self, model, training: bool = True, dataloader=None):
@@ -282,24 +225,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         prepared = self.accelerator.prepare_model(model, evaluation_mode=True)
         if self.worker.processes_per_worker == 1 or self.worker.fsdp:
             return prepared  # FSDP: sharded in __init__, its collectives run inside the worker's group
-        args = self.args
-        device = self.accelerator.device
-        kwargs = {
-            "find_unused_parameters": bool(args.ddp_find_unused_parameters),
-            "broadcast_buffers": True if args.ddp_broadcast_buffers is None else bool(args.ddp_broadcast_buffers),
-        }
-        if args.ddp_bucket_cap_mb is not None:
-            kwargs["bucket_cap_mb"] = args.ddp_bucket_cap_mb
-        if args.ddp_static_graph is not None:
-            kwargs["static_graph"] = bool(args.ddp_static_graph)
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            prepared,
-            device_ids=[device] if device.type == "cuda" else None,
-            process_group=self.worker.intra_group,
-            **kwargs,
-        )
-        ddp._is_accelerate_prepared = True
-        return ddp
+        return worker_ddp(prepared, self.args, self.accelerator.device, self.worker.intra_group)
 
     def _track_num_input_tokens(self, inputs):
         """Counted locally and summed once per round by the worker: the Trainer's per-step all-gather would
@@ -314,9 +240,10 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         # processes_per_worker > 1: a step whose gradient statistics are read keeps each process's own gradient
         # (DDP's all-reduce off) and averages it after the statistics (`Worker.sync_gradients`).
         local = self.worker.local_gradient_step(self.state.global_step)
-        with _no_sync(model) if local else contextlib.nullcontext():
+        with no_sync(model) if local else contextlib.nullcontext():
             if plan.accumulates:
-                loss = self._accumulate(model, inputs, plan, num_items_in_batch, synced=not local)
+                step = super().training_step
+                loss = accumulate(self, self.worker, step, model, inputs, plan, num_items_in_batch, synced=not local)
             else:
                 loss = super().training_step(model, inputs, num_items_in_batch)
         tokens = count_tokens(inputs, getattr(self.model, "main_input_name", "input_ids"))
@@ -325,57 +252,9 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
             self.worker.sync_gradients()
         return loss
 
-    def _accumulate(self, model, inputs, plan: StepPlan, num_items_in_batch, synced: bool = True) -> torch.Tensor:
-        """Forward/backward each chunk inside one optimizer step; the gradient equals the whole batch's.
-
-        Inside a worker of several processes (DDP) every chunk but the last runs under `no_sync` (`synced`: the
-        last one all-reduces the accumulated gradient; else the caller keeps all of them local).
-
-        With `num_items_in_batch` the model normalises every chunk by the whole batch's token count; otherwise the
-        Trainer divides each chunk's mean loss by `current_gradient_accumulation_steps`, set here to b / n_j.
-        """
-        sizes = list(plan.chunk_sizes)
-        chunks = split_inputs(inputs, sizes)
-        batch = sum(sizes)
-        collect = plan.statistics is Statistics.SPLIT
-        weights = [n / batch for n in sizes]
-        if collect and num_items_in_batch is not None:
-            counts = [float(self._get_num_items_in_batch([c], self.args.device)) for c in chunks]
-            weights = [c / sum(counts) for c in counts] if sum(counts) > 0 else None
-        if collect and weights is not None:
-            self.worker.start_statistics(weights)
-        saved = getattr(self, "current_gradient_accumulation_steps", 1)
-        total = None
-        try:
-            for index, (chunk, size) in enumerate(zip(chunks, sizes)):
-                if collect and weights is not None:
-                    self.worker.begin_chunk(index)
-                if num_items_in_batch is None:
-                    self.current_gradient_accumulation_steps = batch / size
-                last = index == len(sizes) - 1
-                with contextlib.nullcontext() if last or not synced else _no_sync(model):
-                    loss = super().training_step(model, chunk, num_items_in_batch)
-                total = loss if total is None else total + loss
-        finally:
-            self.current_gradient_accumulation_steps = saved
-        return total
-
     def run_probe_step(self, size: int) -> None:
         """Forward and backward on `size` training samples, gradients cleared after (for max_batch_size='auto')."""
-        dataset, collator = self._train_loader.dataset, self._train_loader.collate_fn
-        if isinstance(self.train_sampler, AdaptiveStreamSampler):
-            examples = self.train_sampler.probe_examples(size)  # from a fresh part: no training data is drawn
-        else:
-            examples = [dataset[i % len(dataset)] for i in range(size)]
-        inputs = self._prepare_inputs(collator(examples))
-        model = self.model
-        model.train()
-        try:
-            with self.compute_loss_context_manager():
-                loss = self.compute_loss(model, inputs)
-            self.accelerator.backward(loss)
-        finally:
-            model.zero_grad(set_to_none=True)
+        probe_step(self, size)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Exact token-weighted loss, `compute_metrics` and (causal LMs only) perplexity of every model being trained.
@@ -434,55 +313,14 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         """worker_parallelism="fsdp": the schedule only (the inner optimizer's shard is restored from rank-R.pt)."""
         if not self.worker.fsdp:
             return super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is not None and os.path.isfile(os.path.join(checkpoint, "scheduler.pt")):
-            self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, "scheduler.pt"), weights_only=True))
+        load_scheduler(self.lr_scheduler, checkpoint)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        """Load the weights as the Trainer does, then this worker's AdLoCo state (refusing changed settings that
-        define the run: `run_settings.py`). A checkpoint written by another number of workers is an elastic resume
-        (`elastic.py`): its refusals come before anything is loaded."""
-        written = check_rank_states(resume_from_checkpoint, self.args.world_size)
-        if written != self.args.world_size and self.worker.fsdp:
-            raise ValueError(
-                f"{resume_from_checkpoint} was written by {written} processes, this run has {self.args.world_size}: "
-                "an elastic resume is not supported with worker_parallelism='fsdp' yet; resume with "
-                f"{written} processes, or train with worker_parallelism='ddp'."
-            )
-        check_run_settings(resume_from_checkpoint, run_settings(self.args, self.accelerator.unwrap_model(self.model)))
-        rank, world_size = self.args.process_index, self.args.world_size
-        if written == world_size:
-            state = load_rank_state(resume_from_checkpoint, rank)
-        else:
-            state = elastic_rank_state(resume_from_checkpoint, rank, world_size)
-        if self.worker.fsdp:
-            self._load_sharded_weights(resume_from_checkpoint)
-        else:
-            super()._load_from_checkpoint(resume_from_checkpoint, model)
-        self.worker.load_state_dict(state)
-
-    def _load_sharded_weights(self, checkpoint: str) -> None:
-        """worker_parallelism="fsdp": every process reads the checkpoint's full safetensors and keeps its own rows
-        (no communication). AdLoCo's φ and the round's weights, restored next, overwrite the trainables anyway."""
-        import glob
-
-        import safetensors.torch
-
-        from ..worker.fsdp import load_full_state_dict
-
-        full = {}
-        for path in sorted(glob.glob(os.path.join(checkpoint, "*.safetensors"))):
-            full.update(safetensors.torch.load_file(path))
-        if not full:
-            raise FileNotFoundError(
-                f"{checkpoint} holds no *.safetensors model files to resume the sharded model from"
-            )
-        missing = load_full_state_dict(self.accelerator.unwrap_model(self.model), full)
-        tied = set(getattr(self.accelerator.unwrap_model(self.model), "_tied_weights_keys", None) or ())
-        missing = [name for name in missing if name not in tied]
-        if missing:
-            logger.warning(
-                "%s lacks %d tensors of the model (kept as built): %s", checkpoint, len(missing), missing[:5]
-            )
+        """Load the weights as the Trainer does (with fsdp, each process's rows), then this worker's AdLoCo state,
+        refusing changed settings that define the run (`run_settings.py`). A checkpoint written by another number of
+        workers is an elastic resume (`elastic.py`): its refusals come before anything is loaded (`resume.py`)."""
+        load_weights = functools.partial(super()._load_from_checkpoint, resume_from_checkpoint, model)
+        load_checkpoint(self, self.worker, resume_from_checkpoint, load_weights)
 
     def _init_training_state(self, max_steps, *args, **kwargs):
         """On resume the Trainer takes logging/eval/save steps from the checkpoint's trainer_state.json: this run's
@@ -504,39 +342,9 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
     # ---- merges and the merged model ----
     def _save_global_weights(self, folder: str, phi, *, title: str, extra: dict | None = None) -> str:
         """Save flat global weights as a `from_pretrained` folder with a model card (on the writing rank). With
-        worker_parallelism="fsdp", `phi` is the full state dict already gathered (`Worker.full_save_state`)."""
-        card = self.render_card(folder, title)
-        if isinstance(phi, dict):
-            return save_model_folder(
-                folder,
-                self.accelerator.unwrap_model(self.model),
-                state_dict=phi,
-                processing_class=self.processing_class,
-                card=card,
-                extra_files=extra,
-            )
-        return save_global_weights(
-            folder,
-            self.accelerator.unwrap_model(self.model),
-            self.worker.global_model.views_of(phi),
-            processing_class=self.processing_class,
-            card=card,
-            extra_files=extra,
-        )
-
-    def _save_merge(self, result: RoundResult) -> None:
-        """`merges/outer-N/` on global rank 0, pushed to the Hub with `push_to_hub=True`."""
-        merge, round_number = result.merge, result.lines[0].outer_step
-        folder = os.path.join(self.args.output_dir, "merges", f"outer-{round_number}")
-        info = merge_record(merge.plan, round_number)
-        title = f"AdLoCo merge at round {round_number}"
-        with save_errors(folder, self.args.output_dir, self.worker.monitor.report):
-            self._save_global_weights(folder, merge.phi, title=title, extra={"adloco_merge.json": info})
-        if self.args.push_to_hub:
-            # A failed upload is retried, then logged at WARNING: training goes on, the merge is on disk.
-            self.push_during_training(
-                folder, path_in_repo=f"merges/outer-{round_number}", commit_message=f"Merge at round {round_number}"
-            )
+        worker_parallelism="fsdp", `phi` is the full state dict already gathered (`Worker.full_save_state`). Here
+        because the model cards (`MergedModelHubMixin`) save through it."""
+        return save_global_weights_folder(self, folder, phi, title=title, extra=extra)
 
     def save_merged_model(self, output_dir: str | None = None) -> str:
         """Merge the surviving instances (demand-weighted) into every worker's model and save it on rank 0.

@@ -1,0 +1,129 @@
+"""The rows a round's end reads and writes: `WorkerReport`, one worker's row of the round-end all-gather, and
+`RoundLine`, one instance's line of `adloco_rounds.jsonl` (DESIGN §4)."""
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..batch.size_tests import GradientStatistics
+
+
+__all__ = ["RoundLine", "WorkerReport"]
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """What one worker tells every other at the end of a round (one row of the round-end all-gather)."""
+
+    instance: int
+    stats: GradientStatistics
+    loss_sum: float
+    loss_steps: int
+    samples: int
+    tokens: float
+    pseudo_grad_norm: float
+    payload_bytes: int
+    comm_seconds: float
+    outer_seconds: float
+    skipped: bool
+    preempt: bool = False  # this worker got SIGTERM/SIGINT, or agreed to stop at this round's end
+    local_sq_norm: float = math.nan  # ‖Δ_w‖² of this worker's own pseudo-gradient (nan: not measured)
+
+    _SCALARS = (
+        "loss_sum",
+        "loss_steps",
+        "samples",
+        "tokens",
+        "pseudo_grad_norm",
+        "payload_bytes",
+        "comm_seconds",
+        "outer_seconds",
+        "skipped",
+        "preempt",
+        "local_sq_norm",
+    )
+
+    def to_row(self) -> list[float]:
+        """The flat row of floats the all-gather carries."""
+        return [float(self.instance), *self.stats.as_list(), *(float(getattr(self, k)) for k in self._SCALARS)]
+
+    @classmethod
+    def from_row(cls, row: list[float]) -> "WorkerReport":
+        width = len(GradientStatistics.FIELDS)
+        stats = GradientStatistics.from_list(row[1 : 1 + width])
+        values = dict(zip(cls._SCALARS, row[1 + width :]))
+        return cls(
+            instance=int(row[0]),
+            stats=stats,
+            loss_sum=values["loss_sum"],
+            loss_steps=int(values["loss_steps"]),
+            samples=int(values["samples"]),
+            tokens=values["tokens"],
+            pseudo_grad_norm=values["pseudo_grad_norm"],
+            payload_bytes=int(values["payload_bytes"]),
+            comm_seconds=values["comm_seconds"],
+            outer_seconds=values["outer_seconds"],
+            skipped=bool(values["skipped"]),
+            preempt=bool(values["preempt"]),
+            local_sq_norm=values["local_sq_norm"],
+        )
+
+
+@dataclass
+class RoundLine:
+    """One line of `adloco_rounds.jsonl`: one instance in one round (the DESIGN §4 keys and a few more)."""
+
+    outer_step: int
+    global_step: int
+    instance: int
+    workers: list[int]
+    batch_size: int
+    next_batch_size: int
+    micro_batch_size: int
+    accumulation_steps: int
+    lr_factor: float
+    samples: int
+    tokens: int
+    train_loss: float
+    grad_variance: float
+    grad_sq_norm: float
+    grad_ip_variance: float
+    grad_orth_variance: float
+    stats_dof: float
+    pseudo_grad_norm: float
+    comm_bytes: int
+    comm_seconds: float
+    outer_seconds: float
+    merged_from: list[int] = field(default_factory=list)
+    skipped: bool = False
+    skipped_in_a_row: int = 0  # this round included, while it is skipped
+    merge_bytes: int | None = None  # the merge's bytes, on the survivor's line only
+    merge_seconds: float = 0.0
+    noise_scale: float | None = None  # tr Σ / ‖∇F‖² from the controller's averages (None while ‖∇F‖² ≤ 0)
+    inner_steps: int = 0  # the inner steps this round ran (H; the first round after H doubled may run fewer)
+    outer_noise: float | None = None  # the workers' pseudo-gradients' variance / (M ‖Δ̄‖²) (None: one worker, overlap)
+    num_instances: int = 0
+    total_tokens: int = 0
+    elapsed_seconds: float = 0.0
+    # G > 1 only (left out of the file for G = 1): the processes of each worker; `micro_batch_size` is a process's.
+    processes_per_worker: int = 1
+    processes: list[int] | None = None
+    # G > 1: the bytes each local rank of a worker contributes to the all-reduce between workers (its slice of the
+    # pseudo-gradient, about 1/G of the payload each: a node's G links share the traffic); `comm_bytes` is their
+    # ring total.
+    process_payload_bytes: list[int] | None = None
+
+    @property
+    def batch_size_used(self) -> int:
+        """Samples each worker of the instance used per inner step this round: the request `batch_size`, or
+        `max_batch_size` (of each of its G processes) where switch mode capped it (a request above it but within
+        `switch_threshold` × it)."""
+        return self.batch_size if self.accumulation_steps > 1 else self.processes_per_worker * self.micro_batch_size
+
+    def to_json(self) -> dict[str, Any]:
+        line = asdict(self)
+        if line["merge_bytes"] is None:
+            del line["merge_bytes"]
+        if self.processes_per_worker == 1:
+            del line["processes_per_worker"], line["processes"], line["process_payload_bytes"]
+        return line

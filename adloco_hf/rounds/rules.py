@@ -1,0 +1,74 @@
+"""`RoundRules`: the settings a round's end depends on, read from `AdLoCoConfig` once, at the start of a run."""
+
+from dataclasses import dataclass
+
+from ..batch.controller import ControllerRules
+
+
+__all__ = ["RoundRules"]
+
+
+@dataclass(frozen=True)
+class RoundRules:
+    """The settings a round's decision depends on: `AdLoCoConfig`'s, the resolved micro-batch limit and the data
+    shard's cap.
+
+    Built by [`RoundRules.from_args`], the one constructor the package uses: no field has a default of its own that
+    could disagree with the config's. The batch controller's settings are one `ControllerRules`, built there too and
+    passed on as is.
+    """
+
+    controller: ControllerRules  # how each instance's request moves from round to round (`batch/controller.py`)
+    max_batch_size: int  # a process's largest micro-batch (switch mode accumulates above it)
+    switch_threshold: float
+    merge_every: int
+    merge_policy: str
+    merge_batch_rule: str
+    lr_batch_scaling: str
+    reference_batch_size: int  # a process's initial batch, which the learning-rate scaling compares with
+    max_skipped_rounds: int | None  # None: never stop for skipped rounds
+    # How many inner steps the next round has: fixed, or doubled up to max_inner_steps while the workers'
+    # pseudo-gradients agree (outer noise <= outer_noise_theta²).
+    inner_steps_rule: str
+    max_inner_steps: int | None
+    outer_noise_theta: float
+    processes_per_worker: int  # G: requests are per worker and multiples of G, each process draws 1/G
+
+    @classmethod
+    def from_args(cls, args, *, max_batch_size: int, shard_size: int | None) -> "RoundRules":
+        """From an `AdLoCoConfig`; a request is capped by `batch_size_cap` and by a worker's data shard (None for a
+        stream, which has no shard to exhaust: then only `batch_size_cap` caps it, or nothing). `shard_size` and
+        `max_batch_size` are a process's; with G processes per worker the worker's shard is G of them."""
+        g = getattr(args, "processes_per_worker", 1)
+        caps = [
+            cap for cap in (args.batch_size_cap, None if shard_size is None else g * shard_size) if cap is not None
+        ]
+        controller = ControllerRules(
+            test=args.batch_size_test,
+            eta=args.eta,
+            theta=args.theta,
+            nu=args.nu,
+            cap=min(caps) if caps else None,
+            smoothing=args.batch_size_smoothing,
+            nonpositive_signal=args.nonpositive_signal,
+            shrink=args.batch_size_shrink,
+            shrink_hysteresis=args.shrink_hysteresis,
+            floor=args.batch_size_floor or g * args.per_device_train_batch_size,
+            target=args.batch_size_target,
+            noise_scale_multiple=args.noise_scale_multiple,
+        )
+        return cls(
+            controller=controller,
+            max_batch_size=max_batch_size,
+            switch_threshold=args.switch_threshold,
+            merge_every=args.merge_every,
+            merge_policy=args.merge_policy,
+            merge_batch_rule=args.merge_batch_rule,
+            lr_batch_scaling=args.lr_batch_scaling,
+            reference_batch_size=args.per_device_train_batch_size,
+            max_skipped_rounds=args.max_skipped_rounds,
+            inner_steps_rule=args.inner_steps_rule,
+            max_inner_steps=args.max_inner_steps,
+            outer_noise_theta=args.outer_noise_theta,
+            processes_per_worker=g,
+        )

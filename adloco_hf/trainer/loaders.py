@@ -1,0 +1,44 @@
+"""The training data of `AdLoCoTrainer`: a plain `DataLoader` over the adaptive sampler, whose batch size changes
+between rounds (accelerate's `BatchSamplerShard` would freeze it)."""
+
+import datasets
+from torch.utils.data import DataLoader
+from transformers import Trainer
+
+from ..sampling.sampler import AdaptiveBatchSampler, adaptive_train_loader
+from ..sampling.stream import is_stream
+from ..sampling.stream_sampler import AdaptiveStreamSampler, adaptive_stream_loader
+
+
+__all__ = ["train_loader"]
+
+
+def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | AdaptiveStreamSampler]:
+    """The loader of `trainer.train_dataset` and the sampler that plans its batches. A map-style dataset is shuffled
+    and sharded by `AdaptiveBatchSampler`; a stream goes through `AdaptiveStreamSampler` (this worker's part of it,
+    batches of the planned size). Unused columns are removed as the Trainer's own loader does."""
+    args, dataset, collator = trainer.args, trainer.train_dataset, trainer.data_collator
+    if is_stream(dataset):
+        loader = adaptive_stream_loader(
+            dataset,
+            trainer._get_collator_with_removed_columns(collator, description="training"),
+            batch_size=args.per_device_train_batch_size,
+            num_workers=args.world_size,
+            rank=args.process_index,
+            pin_memory=args.dataloader_pin_memory,
+        )
+        return loader, loader.dataset
+    if isinstance(dataset, datasets.Dataset):
+        dataset = trainer._remove_unused_columns(dataset, description="training")
+    else:
+        collator = trainer._get_collator_with_removed_columns(collator, description="training")
+    loader = adaptive_train_loader(
+        dataset,
+        collator,
+        batch_size=args.per_device_train_batch_size,
+        num_workers=args.world_size,
+        rank=args.process_index,
+        seed=args.data_seed if args.data_seed is not None else args.seed,
+        pin_memory=args.dataloader_pin_memory,
+    )
+    return loader, loader.batch_sampler
