@@ -41,3 +41,19 @@ def records(caplog, monkeypatch):
     yield caplog
     if added:
         library.removeHandler(caplog.handler)
+
+
+@pytest.fixture(scope="session")
+def resume_reference(tmp_path_factory) -> str:
+    """The output folder of the resume tests' uninterrupted run (`helpers.RESUME_CONFIG`, 2 workers, attention dropout
+    0.1, `scripts/adloco_worker.py`): launched once per session, shared by every test that compares a stopped and
+    resumed run with it (read only)."""
+    import json
+
+    from helpers import RESUME_CONFIG, SCRIPTS, launch, worker_spec
+
+    root = tmp_path_factory.mktemp("resume-reference")
+    out = str(root / "out")
+    spec = worker_spec(out, root / "probe", 2, RESUME_CONFIG, dropout=0.1)
+    launch(os.path.join(SCRIPTS, "adloco_worker.py"), json.dumps(spec), num_processes=2, timeout=300)
+    return out

@@ -15,7 +15,6 @@ import datetime
 import importlib
 import importlib.machinery
 import os
-import socket
 import sys
 import time
 import types
@@ -28,12 +27,6 @@ import torch.multiprocessing as mp
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A blocking send or collective that never completes fails the worker after this long (a hang, not a slow run).
 GROUP_TIMEOUT_S = 60
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _bare_package() -> None:
@@ -78,6 +71,8 @@ def run_workers(fn, world_size: int, out_dir, *, timeout: float = 120.0) -> list
     `sys.path`, and spawned children inherit it). A worker that raises fails the call with its traceback; workers
     still running after `timeout` seconds are killed and the call fails.
     """
+    from adloco_hf.testing import free_port  # here, in the parent only: the children never import the package
+
     out_dir = str(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     target = f"{fn.__module__}:{fn.__qualname__}"

@@ -7,6 +7,7 @@ Launching and the tiny models come from `adloco_hf.testing` (shared with the ben
 import dataclasses
 import json
 import os
+import re
 import types
 
 import datasets
@@ -20,17 +21,22 @@ from adloco_hf.testing import tiny_llama_config as tiny_config
 
 
 __all__ = [
+    "COMPARED_ROUND_KEYS",
     "CONTRACT_ROUND_KEYS",
     "PAPER_ROUNDS",
     "REPO",
+    "RESUME_CONFIG",
     "SCRIPTS",
     "TESTS",
     "c4_documents",
+    "comparable_rounds",
     "flat_params",
     "free_port",
     "launch",
+    "launch_failing",
     "launch_run",
     "merged_params",
+    "root_cause",
     "reports_of",
     "round_rules",
     "rounds_of",
@@ -50,6 +56,20 @@ CONTRACT_ROUND_KEYS = frozenset(
         "micro_batch_size", "accumulation_steps", "samples", "train_loss", "grad_variance", "grad_sq_norm",
         "pseudo_grad_norm", "comm_bytes", "comm_seconds", "merged_from",
     }
+)  # fmt: skip
+
+# The rounds-file keys that a resumed run must reproduce exactly (timings and bytes of the wire may differ).
+COMPARED_ROUND_KEYS = (
+    "outer_step", "instance", "workers", "batch_size", "next_batch_size", "samples", "train_loss", "grad_variance",
+    "pseudo_grad_norm", "merged_from", "num_instances",
+)  # fmt: skip
+
+# The resume tests' run (2 workers): 2 instances merging at round 4 (after the checkpoint at step 10), norm-test
+# batches that grow, and a learning rate that follows each worker's batch (so the workers' schedules differ when the
+# checkpoint is taken). With `dropout` 0.1 a resume must restore every worker's random generators too.
+RESUME_CONFIG = dict(
+    max_steps=30, inner_steps=5, save_steps=10, num_instances=2, merge_every=4, per_device_train_batch_size=2,
+    max_batch_size=4, eta=0.5, seed=3, optim="adamw_torch", learning_rate=3e-3, lr_batch_scaling="sqrt",
 )  # fmt: skip
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -137,6 +157,35 @@ def launch(script: str, *args: str, num_processes: int, timeout: int = 300, env:
     """
     command = launch_command(script, *args, num_processes=num_processes)
     return run_workers(command, timeout=timeout, env=env, cwd=REPO, pythonpath=[REPO, TESTS], threads=1)
+
+
+def launch_failing(script: str, *args: str, num_processes: int, timeout: int = 300, env: dict | None = None) -> str:
+    """A launch that must fail (a worker the test kills, hangs or breaks): returns the whole output.
+
+    Fails the test when the launch succeeded, ran past `timeout`, or failed on an `AssertionError` in a worker: the
+    scripts' own checks (the world size every worker asserts, the probes) are never the failure a test provokes.
+    """
+    command = launch_command(script, *args, num_processes=num_processes)
+    result = run_workers(command, timeout=timeout, env=env, cwd=REPO, pythonpath=[REPO, TESTS], threads=1, check=False)
+    output = result.stdout + result.stderr
+    assert not result.timed_out, f"workers did not finish in {result.seconds:.0f}s:\n{output[-4000:]}"
+    assert result.returncode != 0, f"the launch was expected to fail but succeeded:\n{output[-4000:]}"
+    assert "AssertionError" not in output, f"a worker's own check failed:\n{output[-6000:]}"
+    return output
+
+
+def root_cause(output: str) -> tuple[int, int]:
+    """(rank, exit code) of the worker torchrun's summary blames ("Root Cause (first observed failure)")."""
+    found = re.search(
+        r"Root Cause \(first observed failure\):\s*\[0\]:.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", output, re.S
+    )
+    assert found, output[-3000:]
+    return int(found.group(1)), int(found.group(2))
+
+
+def comparable_rounds(out: str, keys=COMPARED_ROUND_KEYS) -> list[dict]:
+    """A run's rounds file reduced to `keys`: what an interrupted and resumed run must reproduce exactly."""
+    return [{k: line[k] for k in keys} for line in rounds_of(out)]
 
 
 def worker_spec(out: str, probe, world_size: int, config: dict, **extra) -> dict:

@@ -1,7 +1,6 @@
 """The launch configs in `accelerate_configs/`: complete, consistent, and accepted by `accelerate launch`."""
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+from helpers import free_port
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,12 +48,6 @@ RENDEZVOUS_KEYS = {"main_process_ip", "main_process_port"}
 
 def load(name: str) -> dict:
     return yaml.safe_load((CONFIG_DIR / name).read_text())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def accelerate_launch_cmd() -> list[str]:

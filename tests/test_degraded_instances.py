@@ -7,7 +7,7 @@ import os
 import pytest
 import safetensors.torch
 import torch
-from helpers import SCRIPTS, flat_params, launch
+from helpers import SCRIPTS, flat_params, launch, launch_failing
 from transformers import AutoModelForCausalLM
 
 from adloco_hf.outputs.run_log import load_rounds
@@ -35,9 +35,7 @@ def run(out, probe, nan, *, expect_failure=False):
     if not expect_failure:
         result = launch(WORKER, json.dumps(spec), num_processes=2, timeout=300)
         return result.stdout + result.stderr
-    with pytest.raises(AssertionError) as failure:
-        launch(WORKER, json.dumps(spec), num_processes=2, timeout=300)
-    return failure.value.result.stdout + failure.value.result.stderr  # all of it: the round lines come first
+    return launch_failing(WORKER, json.dumps(spec), num_processes=2, timeout=300)  # all of it: round lines first
 
 
 def lines_of(out, instance):
@@ -85,6 +83,15 @@ def test_a_passing_nan_skips_one_round_of_its_own_instance_and_nothing_else(tmp_
     assert [line["skipped"] for line in lines_of(out, 1)] == [True, False, False]
     assert not any(line["skipped"] for line in lines_of(out, 0))  # before and after the merge
     merge = json.load(open(os.path.join(out, "merges", "outer-3", "adloco_merge.json")))
-    assert 0 < merge["weights"][1] < 0.5  # instance 1 trained in rounds 2 and 3: its demand's weight
+    # Instance 1 trained in rounds 2 and 3: it merges with its demand's weight, d = batch × workers (one worker each)
+    # with the batch each instance ran in round 3 (switch mode runs the micro-batch alone when it does not accumulate).
+    demand = {
+        line["instance"]: line["batch_size"] if line["accumulation_steps"] > 1 else line["micro_batch_size"]
+        for line in load_rounds(out)
+        if line["outer_step"] == 3
+    }
+    assert sorted(merge["instances"]) == [0, 1] and demand[0] != demand[1]
+    total = demand[0] + demand[1]
+    assert merge["weights"] == pytest.approx([demand[i] / total for i in merge["instances"]], abs=1e-12)
     assert "made no progress" not in output and "SkippedRoundsError" not in output
     assert os.path.isfile(os.path.join(out, "merged", "model.safetensors"))

@@ -10,7 +10,7 @@ import os
 import pytest
 import safetensors.torch
 import torch
-from helpers import SCRIPTS, launch, sequence_dataset, tiny_model, worker_spec
+from helpers import RESUME_CONFIG, SCRIPTS, launch, sequence_dataset, tiny_model, worker_spec
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.checkpoint.elastic import plan_elastic_resume
@@ -22,10 +22,7 @@ pytestmark = pytest.mark.multiprocess
 WORKER = os.path.join(SCRIPTS, "adloco_worker.py")
 NUM_SAMPLES = 96
 # 2 instances merging at round 4 (after the resume), batches that grow from 2 up to 4, a learning rate following them.
-CONFIG = dict(
-    max_steps=30, inner_steps=5, save_steps=10, num_instances=2, merge_every=4, per_device_train_batch_size=2,
-    max_batch_size=4, eta=0.5, seed=3, optim="adamw_torch", learning_rate=3e-3, lr_batch_scaling="sqrt",
-)  # fmt: skip
+CONFIG = RESUME_CONFIG
 
 
 def spec(out, probe, world_size, **extra):

@@ -8,7 +8,7 @@ import os
 import shutil
 
 import pytest
-from helpers import SCRIPTS, launch, merged_params
+from helpers import RESUME_CONFIG, SCRIPTS, launch, merged_params
 
 
 pytestmark = pytest.mark.multiprocess
@@ -17,11 +17,8 @@ WORKER = os.path.join(SCRIPTS, "adloco_worker.py")
 RESUME_WORKER = os.path.join(SCRIPTS, "resume_worker.py")
 
 # 2 workers, 2 instances merging at round 4, growing batches, attention dropout: what an exact resume must restore.
-CONFIG = dict(
-    max_steps=30, inner_steps=5, save_steps=10, num_instances=2, merge_every=4, per_device_train_batch_size=2,
-    max_batch_size=4, eta=0.5, seed=3, optim="adamw_torch", learning_rate=3e-3, lr_batch_scaling="sqrt",
-)  # fmt: skip
-DROPOUT = 0.1
+CONFIG = RESUME_CONFIG
+DROPOUT = 0.1  # as the session's `resume_reference` run
 
 
 def spec_for(out, probe, **extra):
@@ -127,7 +124,9 @@ def test_a_damaged_checkpoint_is_refused_with_an_error_naming_the_file(tmp_path,
         assert "resume with" not in first["message"]  # no advice to change the number of processes
 
 
-def test_resume_true_skips_a_damaged_newest_checkpoint_and_ends_as_an_uninterrupted_run(tmp_path, stopped_run):
+def test_resume_true_skips_a_damaged_newest_checkpoint_and_ends_as_an_uninterrupted_run(
+    tmp_path, stopped_run, resume_reference
+):
     out = str(tmp_path / "out")
     shutil.copytree(stopped_run, out)
     truncate(os.path.join(out, "checkpoint-20", "model.safetensors"))
@@ -136,6 +135,4 @@ def test_resume_true_skips_a_damaged_newest_checkpoint_and_ends_as_an_uninterrup
     assert f"skipped {os.path.join(out, 'checkpoint-20')}" in output, output[-3000:]
     assert "model.safetensors" in output
 
-    full = str(tmp_path / "full")
-    run(spec_for(full, str(tmp_path / "p0")))
-    assert (merged_params(out) - merged_params(full)).abs().max().item() <= 1e-6
+    assert (merged_params(out) - merged_params(resume_reference)).abs().max().item() <= 1e-6

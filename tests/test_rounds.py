@@ -363,9 +363,14 @@ def test_h_stops_at_max_inner_steps_and_instances_weigh_by_workers():
     r = rules(inner_steps_rule="outer_noise", max_inner_steps=40)
     assert decide_round(table, reports, outer_step=1, global_step=20, rules=r, inner_steps=20).next_inner_steps == 40
     assert decide_round(table, reports, outer_step=1, global_step=40, rules=r, inner_steps=40).next_inner_steps == 40
-    pooled = (3 * 0.1 + 2 * 0.4) / 5  # 0.22 <= 0.25
-    assert pooled <= 0.25
-    strict = rules(inner_steps_rule="outer_noise", max_inner_steps=40, outer_noise_theta=0.45)  # 0.2025 < 0.22
+    # The instances' noises pool weighted by their workers: (3 × 0.1 + 2 × 0.4) / 5 = 0.22, where the unweighted mean
+    # is (0.1 + 0.4) / 2 = 0.25. θ² = 0.2304 (θ = 0.48) lies between them: only the weighted mean doubles H.
+    between = rules(inner_steps_rule="outer_noise", max_inner_steps=40, outer_noise_theta=0.48)
+    assert (
+        decide_round(table, reports, outer_step=1, global_step=20, rules=between, inner_steps=20).next_inner_steps
+        == 40
+    )
+    strict = rules(inner_steps_rule="outer_noise", max_inner_steps=40, outer_noise_theta=0.46)  # 0.2116 < 0.22
     assert (
         decide_round(table, reports, outer_step=1, global_step=20, rules=strict, inner_steps=20).next_inner_steps == 20
     )

@@ -7,7 +7,7 @@ import re
 import stat
 
 import pytest
-from helpers import SCRIPTS, launch, sequence_dataset, tiny_model
+from helpers import SCRIPTS, launch, launch_failing, root_cause, sequence_dataset, tiny_model
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.common.files import atomic_directory, publish_checkpoint
@@ -36,45 +36,35 @@ def launch_spec(spec, timeout=240):
     return launch(WORKER, json.dumps(spec), num_processes=2, timeout=timeout)
 
 
-def failed_launch_output(spec, timeout=240) -> str:
-    with pytest.raises(AssertionError) as failure:
-        launch_spec(spec, timeout)
-    return str(failure.value)
-
-
-def root_cause_rank(output: str) -> int:
-    """The rank torchrun's summary blames ("Root Cause (first observed failure)")."""
-    found = re.search(r"Root Cause \(first observed failure\):\s*\[0\]:.*?rank\s*:\s*(\d+)", output, re.S)
-    assert found, output[-3000:]
-    return int(found.group(1))
+def check_full_disk(output: str, out: str, *, full_rank: int, target: str, step: int, kept: int) -> None:
+    failed, last = os.path.join(out, f"checkpoint-{step}"), os.path.join(out, f"checkpoint-{kept}")
+    assert f"SaveError: AdLoCo could not write {failed}" in output, output[-4000:]
+    assert re.search(r"\([\d,]+ MiB free on /", output), output[-4000:]
+    assert f"The last good checkpoint ({last}) is kept" in output
+    assert "basic_ios::clear" in output if target == "torch.save" else "No space left on device" in output
+    assert root_cause(output)[0] == full_rank  # the launcher blames the worker whose save failed
+    # The other worker, waiting for it at most worker_timeout (10 s) plus the grace it gives the failed worker to
+    # exit first (10 s), names it too: well before torchrun's 30 s between its SIGTERM (a flag) and SIGKILL.
+    assert f"worker rank(s) {full_rank} failed, so this worker (rank {1 - full_rank}) stops" in output
+    names = os.listdir(out)
+    assert f"checkpoint-{kept}" in names and f"checkpoint-{step}" not in names
+    assert not any(name.startswith(".tmp-") for name in names if name != f".tmp-checkpoint-{step}")
 
 
 # ---- a full disk ----
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(
-    "full_rank, target",
-    [(1, "torch.save"), pytest.param(0, "save_pretrained", marks=pytest.mark.slow)],  # make test < 15 min
-    ids=["rank-state", "model-weights"],
-)
-def test_a_full_disk_names_the_path_free_space_and_the_kept_checkpoint(tmp_path, full_rank, target):
+def test_a_full_disk_names_the_path_free_space_and_the_kept_checkpoint(tmp_path):
+    # Rank 1's AdLoCo state (torch.save) fails at checkpoint-20: checkpoint-10 is kept.
     out = str(tmp_path / "out")
-    spec = spec_for(out, str(tmp_path / "p0"), disk_full=[full_rank, 20, target])
-    output = failed_launch_output(spec)
-    checkpoint_20, checkpoint_10 = os.path.join(out, "checkpoint-20"), os.path.join(out, "checkpoint-10")
-    assert f"SaveError: AdLoCo could not write {checkpoint_20}" in output, output[-4000:]
-    assert re.search(r"\([\d,]+ MiB free on /", output), output[-4000:]
-    assert f"The last good checkpoint ({checkpoint_10}) is kept" in output
-    assert "basic_ios::clear" in output if target == "torch.save" else "No space left on device" in output
-    assert root_cause_rank(output) == full_rank  # the launcher blames the worker whose save failed
-    if "WorkerTimeoutError" in output:  # the other worker, if it got to raise before being stopped, names it too
-        assert f"worker rank(s) {full_rank} failed, so this worker (rank {1 - full_rank}) stops" in output
-    names = os.listdir(out)
-    assert "checkpoint-10" in names and "checkpoint-20" not in names
-
-    launch_spec(spec_for(out, str(tmp_path / "p1"), resume=True))  # the kept checkpoint resumes
-    names = os.listdir(out)
-    assert "checkpoint-30" in names and not any(name.startswith(".tmp-") for name in names)
-    assert os.path.isfile(os.path.join(out, "merged", "model.safetensors"))
+    output = launch_failing(WORKER, json.dumps(spec_for(out, str(tmp_path / "p0"), disk_full=[1, 20, "torch.save"])),
+                            num_processes=2, timeout=240)  # fmt: skip
+    check_full_disk(output, out, full_rank=1, target="torch.save", step=20, kept=10)
+    # The kept checkpoint resumes, and saves checkpoint-20; then rank 0's model weights (save_pretrained, which
+    # only rank 0 writes) fail at checkpoint-30: checkpoint-20 is kept.
+    spec = spec_for(out, str(tmp_path / "p1"), resume=True, disk_full=[0, 30, "save_pretrained"])
+    output = launch_failing(WORKER, json.dumps(spec), num_processes=2, timeout=240)
+    check_full_disk(output, out, full_rank=0, target="save_pretrained", step=30, kept=20)
+    assert not os.path.isdir(os.path.join(out, "merged"))
 
 
 # ---- leftovers of interrupted saves ----

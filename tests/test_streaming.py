@@ -6,7 +6,17 @@ import shutil
 
 import pytest
 import torch
-from helpers import SCRIPTS, launch, merged_params, rounds_of, worker_spec, write_c4_shards
+from helpers import (
+    COMPARED_ROUND_KEYS,
+    RESUME_CONFIG,
+    SCRIPTS,
+    comparable_rounds,
+    launch,
+    merged_params,
+    rounds_of,
+    worker_spec,
+    write_c4_shards,
+)
 
 
 pytestmark = pytest.mark.multiprocess
@@ -15,11 +25,7 @@ WORKER = os.path.join(SCRIPTS, "adloco_worker.py")
 
 # As test_reliability's resume test: 2 workers, 2 instances merging at round 4 (after the checkpoint at round 2),
 # batches that grow, a learning rate that follows each worker's batch, attention dropout.
-CONFIG = dict(
-    max_steps=30, inner_steps=5, save_steps=10, num_instances=2, merge_every=4, per_device_train_batch_size=2,
-    max_batch_size=4, eta=0.5, seed=3, optim="adamw_torch", learning_rate=3e-3, lr_batch_scaling="sqrt",
-    eval_strategy="steps", eval_steps=10, per_device_eval_batch_size=8,
-)  # fmt: skip
+CONFIG = dict(RESUME_CONFIG, eval_strategy="steps", eval_steps=10, per_device_eval_batch_size=8)
 
 
 def spec_for(out, probe, shards, **extra):
@@ -28,10 +34,7 @@ def spec_for(out, probe, shards, **extra):
 
 
 def comparable(out):
-    keep = ("outer_step", "instance", "workers", "batch_size", "next_batch_size", "samples", "tokens", "train_loss",
-            "grad_variance", "pseudo_grad_norm", "merged_from", "num_instances")  # fmt: skip
-    lines = [json.loads(line) for line in open(os.path.join(out, "adloco_rounds.jsonl"))]
-    return [{k: line[k] for k in keep} for line in lines]
+    return comparable_rounds(out, (*COMPARED_ROUND_KEYS, "tokens"))
 
 
 @pytest.fixture(scope="module")

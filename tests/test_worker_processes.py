@@ -9,7 +9,18 @@ import shutil
 import pytest
 import safetensors.torch
 import torch
-from helpers import SCRIPTS, flat_params, launch, launch_run, merged_params, reports_of, rounds_of
+from helpers import (
+    SCRIPTS,
+    comparable_rounds,
+    flat_params,
+    launch,
+    launch_failing,
+    launch_run,
+    merged_params,
+    reports_of,
+    rounds_of,
+    worker_spec,
+)
 from transformers import AutoModelForCausalLM
 
 
@@ -41,8 +52,9 @@ def test_two_workers_of_two_processes(tmp_path):
         assert report["worker_id"] == report["rank"] // 2
         assert report["steps_checked_in_worker"] == 20  # the processes of each worker agreed after every step
         assert report["rounds_checked"] == 2  # every process of the instance agreed after each outer step
-        assert report["min_spread_inside_round"] > 1e-4  # the two workers drift apart inside a round
-        assert report["max_mean_error"] < 1e-6  # and meet at the mean of their weights after it
+        # The two workers drift apart inside a round (measured at steps 1, 4, 7, 10, 13, 16, 19, 20)...
+        assert report["spread_checks"] == 8 and report["min_spread_inside_round"] > 1e-4
+        assert report["mean_checks"] == 2 and report["max_mean_error"] < 1e-6  # ...and meet at their mean after it
         assert report["numel"] == numel
     # Local ranks 0 and 1 reduce complementary halves of the pseudo-gradient.
     parts = sorted(tuple(r["part"]) for r in reports if r["worker_id"] == 0)
@@ -81,10 +93,15 @@ def test_one_worker_of_two_processes_equals_plain_ddp(tmp_path):
 @pytest.mark.parametrize(
     "options",
     [
-        dict(merge_transport="all_reduce", eval_merged_model=True),
         pytest.param(
-            dict(merge_transport="point_to_point", instance_init="independent", pseudo_grad_compression="int8"),
-            marks=pytest.mark.slow,  # make test stays under 15 minutes; `make test-slow` runs it
+            dict(merge_transport="all_reduce", eval_merged_model=True),
+            marks=pytest.mark.slow,  # all-reduce merges of 2-process workers: test_stop_and_resume_with_two_processes...
+        ),
+        dict(
+            merge_transport="point_to_point",
+            instance_init="independent",
+            pseudo_grad_compression="int8",
+            eval_merged_model=True,
         ),
     ],
     ids=["all_reduce", "point_to_point"],
@@ -151,10 +168,8 @@ def test_stop_and_resume_with_two_processes_per_worker(tmp_path):
     run(tmp_path, RESUME, name="part", dropout=0.1, resume=checkpoint)
 
     assert (merged_params(part) - merged_params(full)).abs().max().item() <= 1e-6
-    keep = ("outer_step", "instance", "workers", "batch_size", "next_batch_size", "samples", "train_loss",
-            "grad_variance", "pseudo_grad_norm", "merged_from", "num_instances")  # fmt: skip
-    full_rounds, part_rounds = rounds_of(full), rounds_of(part)
-    assert [{k: line[k] for k in keep} for line in part_rounds] == [{k: line[k] for k in keep} for line in full_rounds]
+    full_rounds = rounds_of(full)
+    assert comparable_rounds(part) == comparable_rounds(full)
     assert any(line["merged_from"] for line in full_rounds if line["outer_step"] == 3)  # merged after the resume
 
     # The same checkpoint on 3 workers of 2 processes (an elastic resume in units of workers): the new worker 2
@@ -193,10 +208,10 @@ def test_sigterm_with_two_processes_per_worker_stops_at_the_round_end_and_resume
     the uninterrupted one."""
     config = dict(RESUME, save_steps=5)
     full, _ = run(tmp_path, config, name="full", dropout=0.1)
-    with pytest.raises(AssertionError) as stopped:  # the launch exits non-zero: TrainingPreempted
-        run(tmp_path, config, name="part", dropout=0.1, sigterm=[1, 12, "self"])
     part = str(tmp_path / "part")
-    assert "training was preempted" in str(stopped.value)
+    spec = worker_spec(part, tmp_path / "probe-part", 4, {**BASE, **config}, dropout=0.1, sigterm=[1, 12, "self"])
+    output = launch_failing(WORKER, json.dumps(spec), num_processes=4, timeout=400)  # TrainingPreempted: exit != 0
+    assert "training was preempted" in output
     for rank in range(4):
         state = torch.load(os.path.join(part, "checkpoint-15", "adloco", f"rank-{rank}.pt"), weights_only=True)
         assert state["world_size"] == 4 and state["outer_step"] == 3 and state["round"] is None

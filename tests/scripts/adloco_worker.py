@@ -77,6 +77,7 @@ class BeforeSync(TrainerCallback):
     def __init__(self, trainer, spec):
         self.trainer, self.spec, self.pre_sync = trainer, spec, None
         self.min_spread_inside = float("inf")
+        self.spread_checks = 0  # how often min_spread_inside was measured (a probe that never ran passes otherwise)
 
     def on_step_end(self, args, state, control, **kwargs):
         round_end = self.trainer.worker.is_round_end(state.global_step)  # H may grow (inner_steps_rule)
@@ -91,6 +92,7 @@ class BeforeSync(TrainerCallback):
                 )
                 spread = (members - members[0]).abs().nan_to_num(nan=float("inf")).max().item()
                 self.min_spread_inside = min(self.min_spread_inside, spread)
+                self.spread_checks += 1
         if round_end:
             self.pre_sync = stacked
 
@@ -101,6 +103,7 @@ class AfterSync(TrainerCallback):
     def __init__(self, trainer, before, spec):
         self.trainer, self.before, self.spec = trainer, before, spec
         self.rounds, self.max_mean_error, self.sampler_sizes, self.lr_factors = 0, 0.0, [], []
+        self.mean_checks = 0  # rounds whose φ was compared with the mean of the pre-sync weights
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.trainer.worker.last_synced_step != state.global_step:  # not a round's end
@@ -124,6 +127,7 @@ class AfterSync(TrainerCallback):
         ):
             mean = self.before.pre_sync.double().mean(0).float()
             self.max_mean_error = max(self.max_mean_error, (stacked[0] - mean).abs().max().item())
+            self.mean_checks += 1
         request = engine.instance.batch_size // engine.processes_per_worker
         expected = plan_batch(request, engine.max_batch_size, args.switch_threshold).batch_size
         assert self.trainer.train_sampler.batch_size == expected
@@ -165,6 +169,7 @@ class EvalProbe(TrainerCallback):
         else:
             key, instance = f"eval_instance_{engine.instance.id}_loss", engine.instance.id
         logged = metrics[key]
+        engine.reshard()  # FSDP: the forward above leaves the root unsharded (no-op otherwise)
         self.checks.append(
             {"instance": instance, "logged": logged, "direct": total / count, "step": state.global_step}
         )
@@ -325,6 +330,13 @@ def streamed_data(stream: dict, *, with_eval: bool):
     return PackedStream(documents, tokenizer, block_size=stream["block_size"]), None
 
 
+def hang() -> None:
+    """Hang for good, but die on the launcher's SIGTERM: the library's handler only raises a flag (the run stops at
+    the next step), which a hung worker never reaches, so torchrun would wait its 30 s before SIGKILL."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    time.sleep(3600)
+
+
 def record_exit_state(path: str) -> None:
     """Registered before training, so it runs after the library's own exit hook (atexit is last in, first out)."""
     with open(path, "w") as f:
@@ -373,7 +385,7 @@ def main() -> None:
 
         def hanging_save(checkpoint_dir, save_rank, state):
             if save_rank == hang_rank and trainer.state.global_step == hang_step:
-                time.sleep(3600)  # hung in the middle of writing the checkpoint (never comes back)
+                hang()  # hung in the middle of writing the checkpoint (never comes back)
             return saving(checkpoint_dir, save_rank, state)
 
         staged_save.save_rank_state = hanging_save
@@ -410,7 +422,7 @@ def main() -> None:
             def on_step_begin(self, args, state, control, **kwargs):
                 if fail_rank in (rank, "all") and state.global_step == fail_step:
                     if how == "hang":
-                        time.sleep(600)
+                        hang()
                     os._exit(int(how))
 
         trainer.add_callback(Fail())
@@ -463,7 +475,9 @@ def main() -> None:
         "world_size": dist.get_world_size(),
         "rounds_checked": after.rounds,
         "max_mean_error": after.max_mean_error,
+        "mean_checks": after.mean_checks,
         "min_spread_inside_round": before.min_spread_inside,
+        "spread_checks": before.spread_checks,
         "sampler_sizes": after.sampler_sizes,
         "lr_factors": after.lr_factors,
         "seen_batches": getattr(trainer, "seen_batches", []),  # none when a resumed run had no step left

@@ -18,8 +18,10 @@ from transformers import TrainerCallback
 
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from adloco_worker import EvalProbe  # noqa: E402  (this script's folder is on sys.path)
 from helpers import sequence_dataset, tiny_model  # noqa: E402
 
+import adloco_hf.merging as merging  # noqa: E402
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
 
 
@@ -41,15 +43,44 @@ def gather_world(local: torch.Tensor) -> torch.Tensor:
     return torch.stack(parts)
 
 
+class BeforeSync(TrainerCallback):
+    """Inserted before AdLoCoCallback: every process's full model at each round's end, before the outer step."""
+
+    def __init__(self, trainer):
+        self.trainer, self.pre_sync = trainer, None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.trainer.worker.is_round_end(state.global_step):
+            self.pre_sync = gather_world(full_flat(self.trainer))
+
+
+def spy_on_merges(trainer, probe_dir: str) -> None:
+    """Before each merge, local rank 0 of every worker saves its instance's full φ (gathered from the worker's
+    shards, collective over the worker's processes) for the merge-equals-weighted-average check."""
+    original, counter = merging.merge_at_round_end, [0]
+
+    def spy(plan, where, *, rank, global_model, **kwargs):
+        worker = trainer.worker
+        full = torch.cat([v.reshape(-1).float() for v in worker.full_values(global_model.phi.detach())])
+        if worker.local_rank == 0:
+            name = f"premerge-worker{worker.worker_id}-{counter[0]}-i{plan.survivor}-{plan.merged}.safetensors"
+            safetensors.torch.save_file({"phi": full.contiguous()}, os.path.join(probe_dir, name))
+        counter[0] += 1
+        return original(plan, where, rank=rank, global_model=global_model, **kwargs)
+
+    merging.merge_at_round_end = spy
+
+
 class Probe(TrainerCallback):
     """After every step: the processes of a worker hold the same full model; inside a round the workers' models
     differ, and right after each outer step they are identical. Added after AdLoCoCallback (sees the outer step)."""
 
-    def __init__(self, trainer):
-        self.trainer = trainer
+    def __init__(self, trainer, before):
+        self.trainer, self.before = trainer, before
         self.steps_checked = self.rounds_checked = 0
         self.min_spread_inside = float("inf")
         self.sharded = False
+        self.max_mean_error, self.mean_checks = 0.0, 0
 
     def on_step_end(self, args, state, control, **kwargs):
         worker = self.trainer.worker
@@ -68,6 +99,15 @@ class Probe(TrainerCallback):
                     f"instance {inst.id} differs after the outer step at {state.global_step}"
                 )
             self.rounds_checked += 1
+            if (
+                args.outer_lr == 1.0
+                and args.outer_momentum == 0.0
+                and len(worker.instances) == 1
+                and worker.totals.merges == 0
+            ):  # φ is then the mean of the workers' pre-sync weights (a sum, or shards mixed up, are not)
+                mean = self.before.pre_sync.double().mean(0).float()
+                self.max_mean_error = max(self.max_mean_error, (stacked - mean).abs().max().item())
+                self.mean_checks += 1
         elif len(worker.instances) == 1 and worker.num_workers > 1:
             spread = (leaders - leaders[0]).abs().max().item()
             assert spread > 0, f"the workers are identical inside a round at step {state.global_step}"
@@ -88,8 +128,14 @@ def main() -> None:
     dropout = {"attention_dropout": spec["dropout"]} if spec.get("dropout") else {}
     trainer = AdLoCoTrainer(model=tiny_model(**dropout), args=args, train_dataset=data, eval_dataset=eval_data)
     assert trainer.worker.fsdp and all(isinstance(p, DTensor) for p in trainer.model.parameters())
-    probe = Probe(trainer)
+    before = BeforeSync(trainer)
+    trainer.callback_handler.callbacks.insert(0, before)
+    probe = Probe(trainer, before)
     trainer.add_callback(probe)
+    evaluation = EvalProbe(trainer)
+    trainer.add_callback(evaluation)
+    os.makedirs(os.path.join(probe_dir, "merges"), exist_ok=True)
+    spy_on_merges(trainer, os.path.join(probe_dir, "merges"))
     if spec.get("fail") is not None:
         fail_step, code = spec["fail"]
 
@@ -114,6 +160,9 @@ def main() -> None:
         "local_rank": worker.local_rank,
         "steps_checked": probe.steps_checked,
         "rounds_checked": probe.rounds_checked,
+        "mean_checks": probe.mean_checks,
+        "max_mean_error": probe.max_mean_error,
+        "eval_checks": evaluation.checks,
         "min_spread_inside_round": probe.min_spread_inside,
         "sharded": probe.sharded,
         "part_numel": worker.global_model.numel,
