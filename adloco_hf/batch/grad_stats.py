@@ -6,7 +6,7 @@ gradient *before* autograd adds it to `.grad`, so ‖c_j‖² costs one norm per
 step's gradient is then read from `.grad` before clipping. Group contributions are c_j = S · w_j · g_j, where S is
 the fp16 loss scale (1 otherwise) and w_j the group's share of the loss normaliser (its share of tokens when the
 model normalises by `num_items_in_batch`, of samples otherwise); the statistics are expressed in samples with
-n_j = w_j · b, which keeps the estimators of `adloco_hf.batch_size` unbiased for unequal groups.
+n_j = w_j · b, which keeps the estimators of `adloco_hf.batch.size_tests` unbiased for unequal groups.
 
 The inner-product tests also need ⟨g_j, g⟩. With two groups it follows from the norms alone
 (⟨c_1, c_2⟩ = (‖c_1 + c_2‖² − ‖c_1‖² − ‖c_2‖²) / 2). With more micro-batches the chunks are pooled into two

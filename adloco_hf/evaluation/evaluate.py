@@ -1,6 +1,6 @@
 """Evaluation while several instances train: every instance's own model, on the whole eval set.
 
-Each instance's workers share the eval set (each predicts a contiguous shard, `adloco_hf.predictions`), so every
+Each instance's workers share the eval set (each predicts a contiguous shard, `adloco_hf.evaluation.predictions`), so every
 instance is evaluated in the time one model takes on its workers. The loss is exact and token-weighted (one scalar
 all-gather pools the sums); `compute_metrics` runs once per instance, on its first worker, over the instance's whole
 eval set, and every rank logs every instance's metrics. With one instance (or after the final merge) all workers

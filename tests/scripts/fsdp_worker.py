@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from adloco_worker import EvalProbe  # noqa: E402  (this script's folder is on sys.path)
 from helpers import sequence_dataset, tiny_model  # noqa: E402
 
-import adloco_hf.merging as merging  # noqa: E402
+import adloco_hf.instances.merges as merging  # noqa: E402
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
 
 
