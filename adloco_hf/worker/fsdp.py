@@ -10,19 +10,28 @@ AdLoCo then works on the local shards (`local_shards`): φ, the outer momentum a
 all-reduce, merges and the final merge run per local rank on 1/G of the model without any change. Writing a model
 (`merged/`, `merges/`, the Trainer's checkpoint model files) gathers full tensors inside the worker
 (`full_state_dict`, collective over the worker's processes); a resume copies each process's rows back
-(`load_full_state_dict`).
+(`load_full_state_dict`). [`FSDPReplica`] is this layout behind the worker's `ReplicaParallel` interface.
 """
 
 import torch
 
+from ..common.distributed import broadcast_tensors
+from ..instances.table import Instance
+from ..outer.step import GlobalModel
+from .replica import ReplicaParallel
+
 
 __all__ = [
+    "FSDPReplica",
+    "LocalOptimizerState",
     "full_state_dict",
     "full_values",
     "is_sharded",
     "load_full_state_dict",
+    "local_optimizer_state",
     "local_shards",
     "reshard",
+    "sharded_optimizer_state",
     "shard_model",
 ]
 
@@ -179,3 +188,92 @@ class LocalOptimizerState:
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(sharded_optimizer_state(state, self.optimizer))
+
+
+class FSDPReplica(ReplicaParallel):
+    """`worker_parallelism="fsdp"`: the worker's processes shard the replica; φ, the outer momentum and the
+    pseudo-gradient of local rank l are those of its shard l (see [`ReplicaParallel`])."""
+
+    sharded = True
+    keeps_local_gradients = False  # the statistics are read from the synced shards (two halves), never local
+
+    def shard(self, model: torch.nn.Module) -> None:
+        shard_model(model, self.groups.intra)
+
+    def reshard(self, model: torch.nn.Module) -> None:
+        reshard(model)
+
+    def check_settings(self) -> None:
+        if self.args.max_batch_size == "auto" and self.args.device.type == "cuda":
+            raise ValueError(
+                "max_batch_size='auto' probes batches until one runs out of memory, which a sharded forward "
+                "(worker_parallelism='fsdp', collective inside the worker) cannot survive on one process alone: "
+                "set max_batch_size to the largest micro-batch per process, or worker_parallelism='ddp'."
+            )
+
+    @torch.no_grad()
+    def initialise_weights(self, model: torch.nn.Module, instance: Instance) -> None:
+        """`initialise_weights` shard by shard: every local rank sends its own shard over its groups."""
+        groups, args = self.groups, self.args
+        group = groups.instance(instance.workers) if len(instance.workers) > 1 else None
+        shards = local_shards(list(model.state_dict().values()))
+        tensors = list({t.data_ptr(): t for t in shards if t.numel()}.values())  # tied weights once
+        if args.instance_init == "shared":
+            broadcast_tensors(tensors, src=groups.layout.rank(0, groups.local_rank), group=groups.all_workers)
+            return
+        if groups.worker_id == instance.first_worker:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(args.seed + instance.id)
+                fresh = type(model)(model.config).state_dict()
+            load_full_state_dict(model, fresh)
+        if len(instance.workers) > 1:
+            broadcast_tensors(tensors, src=groups.layout.rank(instance.first_worker, groups.local_rank), group=group)
+
+    def attach(self, global_model: GlobalModel) -> None:
+        global_model.shard_over(self.groups.intra)
+
+    def part(self, model: torch.nn.Module) -> list[torch.Tensor]:
+        reshard(model)
+        return local_shards([p for p in model.parameters() if p.requires_grad])
+
+    @property
+    def statistics_group(self):
+        return self.groups.intra  # two halves from the synced shards (grad_stats.py)
+
+    def statistics_samples(self, samples: int) -> int:
+        # Each half's gradient is the mean over the worker's processes, a group of G × its samples.
+        return samples * self.groups.processes_per_worker
+
+    @property
+    def reports_statistics(self) -> bool:
+        # The worker's processes measured the same statistics (sums over the shards): local rank 0 reports them.
+        return self.groups.local_rank == 0
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        return local_optimizer_state(optimizer.state_dict())
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        optimizer.load_state_dict(sharded_optimizer_state(state, optimizer))
+
+    def merge_optimizer(self, optimizer: torch.optim.Optimizer):
+        # The optimizer's shards travel as plain tensors (point-to-point merges send them to joiners).
+        return LocalOptimizerState(optimizer)
+
+    def full_values(self, trainable: list[torch.nn.Parameter], views: list[torch.Tensor]) -> list[torch.Tensor]:
+        return full_values(trainable, views)
+
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        reshard(model)
+        return full_state_dict(model)
+
+    def full_save_state(self, model: torch.nn.Module, views: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The full state dict (CPU, the model's dtypes) with `views` in its trainables; collective over the worker's
+        processes."""
+        base = self.full_state_dict(model)
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        for name, value in zip([n for n, _ in named], self.full_values([p for _, p in named], views)):
+            base[name] = value.to(base[name].dtype).contiguous()
+        return base
+
+    def merge_gather(self, full_save_state):
+        return full_save_state  # every process of worker 0 (the writer) holds its shard: gathered before writing

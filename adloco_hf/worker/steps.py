@@ -1,0 +1,113 @@
+"""The worker during a round's inner steps: the batch plan, how each step is cut, and what it measures.
+
+The Trainer asks before every inner step how to run it (`plan_step`: switch mode's micro-batches and where the
+step's gradient statistics come from) and hands its loss, samples and tokens back after it (`finish_step`); the
+round's tally collects them for the round's end.
+"""
+
+import torch
+
+from ..batch.grad_stats import adam_root_preconditioner
+from ..batch.lr_scaling import ADAM_RULES, apply_adam_scaling, apply_lr_factor, lr_factor
+from ..batch.size_tests import GradientStatistics
+from ..batch.switch_mode import Statistics, StepPlan, plan_batch, plan_step
+from ..common.rng import set_rng_state
+
+
+__all__ = ["InnerSteps"]
+
+
+class InnerSteps:
+    """The inner-step calls of [`Worker`] (a part of it, which holds the state they read)."""
+
+    def _apply_plan(self) -> None:
+        """The batch of this worker's next round: to the sampler, and to the learning rate if it follows the batch."""
+        # A worker's request is split evenly over its processes (a multiple of processes_per_worker).
+        request = self.instance.batch_size // self.processes_per_worker
+        self.plan = plan_batch(request, self.max_batch_size, self.args.switch_threshold)
+        self._sampler.batch_size = self.plan.batch_size
+        if self.args.lr_batch_scaling != "none":
+            factor = lr_factor(self.args.lr_batch_scaling, self.plan.batch_size, self.args.per_device_train_batch_size)
+            apply_lr_factor(self._optimizer, self._scheduler, self._base_lrs, factor)
+        if self.args.lr_batch_scaling in ADAM_RULES:
+            initial = self.args.per_device_train_batch_size
+            apply_adam_scaling(self._optimizer, self._base_adam, self.plan.batch_size, initial)
+
+    def is_round_end(self, step: int) -> bool:
+        """Whether the round ends after `step` inner steps: at every multiple of the round's H (which divides
+        `max_inner_steps`, and so every save and evaluation step), or at max_steps (the last round may be short)."""
+        return step % self.inner_steps == 0 or step >= self.max_steps
+
+    def steps_to_round_end(self, step: int) -> int:
+        """Inner steps from `step` to the end of its round (0 at a round's end)."""
+        if step == self.last_synced_step:
+            return 0
+        next_end = min(-(-step // self.inner_steps) * self.inner_steps, self.max_steps)
+        return next_end - step
+
+    def plan_step(self, step: int, batch: int) -> StepPlan:
+        """How to run the inner step about to start (0-based `step`) on a batch of `batch` samples."""
+        if self._rng_to_restore is not None:
+            set_rng_state(self._rng_to_restore)  # the first step after a resume draws what the saved run would have
+            self._rng_to_restore = None
+        return plan_step(
+            batch,
+            self.plan,
+            measure=self.args.batch_size_test != "none" and self.collector is not None,
+            last_of_round=self.is_round_end(step + 1),
+            next_last_of_round=self.is_round_end(step + 2),
+            has_previous=self.collector is not None and self.collector.has_previous,
+        )
+
+    def local_gradient_step(self, step: int) -> bool:
+        """Whether the inner step about to start (0-based `step`) must keep this process's own gradient until
+        `sync_gradients` (DDP with processes_per_worker > 1): the steps whose gradient statistics or remembered
+        gradient are read. Decided from the step and the plan only, identical on the worker's processes (a process
+        that synced while another did not would hang DDP)."""
+        if not self.replica.keeps_local_gradients or self.args.batch_size_test == "none" or self.collector is None:
+            return False
+        one_sample = self.plan.batch_size == 1 and not self.plan.accumulates
+        return self.is_round_end(step + 1) or (one_sample and self.is_round_end(step + 2))
+
+    def sync_gradients(self) -> None:
+        """The worker's mean gradient from its processes' own (after a `local_gradient_step`): every process of the
+        worker ends with the same `.grad`, the one DDP would have computed."""
+        self.replica.sync_gradients(self._trainable())
+
+    def start_statistics(self, chunk_weights: list[float]) -> None:
+        """The step's chunks are about to run as statistics groups with these weights (summing to 1)."""
+        self.collector.start(chunk_weights, self._root_preconditioner())
+
+    def _root_preconditioner(self) -> list[torch.Tensor] | None:
+        """√P of `noise_preconditioner="adam"` now (None: the Euclidean metric, or no second moments yet)."""
+        if self.args.noise_preconditioner != "adam":
+            return None
+        return adam_root_preconditioner(self._optimizer, self.collector.params)
+
+    def begin_chunk(self, index: int) -> None:
+        self.collector.begin_chunk(index)
+
+    def finish_step(self, plan: StepPlan, loss: torch.Tensor, samples: int, tokens: torch.Tensor | int) -> None:
+        """Close a step: its statistics (if it measured any), and its loss, samples and tokens for the round."""
+        if plan.statistics is not Statistics.NONE or plan.remember_gradient:
+            scale = self._loss_scale()
+            root = self._root_preconditioner() if plan.statistics is not Statistics.NONE else None
+            if plan.statistics is Statistics.SPLIT and self.collector.active:
+                measured = self.replica.statistics_samples(samples)
+                self._tally.stats = self.collector.finish(samples=measured, loss_scale=scale)
+            elif plan.statistics is Statistics.PREVIOUS:
+                self._tally.stats = self.collector.finish_with_previous(loss_scale=scale, root_preconditioner=root)
+            if plan.statistics is not Statistics.NONE and self.args.noise_preconditioner == "adam" and root is None:
+                self._tally.stats = None  # before Adam's first step there is no metric to measure in
+            if plan.remember_gradient:
+                self.collector.remember(loss_scale=scale)
+        self._tally.add_step(loss, samples, tokens)
+
+    @property
+    def round_statistics(self) -> GradientStatistics | None:
+        """The gradient statistics this worker measured in the current round (None until its statistics step)."""
+        return self._tally.stats
+
+    def _loss_scale(self) -> float:
+        scaler = self._scaler
+        return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
