@@ -16,27 +16,11 @@ from ..batch.switch_mode import plan_batch
 from ..instances.health import merge_warnings, skipped_rounds_failure
 from ..instances.table import Instance, MergePlan, merge_is_due, plan_merge
 from ..outer.step import ring_all_reduce_bytes
-
-# The names below lived here before rounds/ was split by idea; the worker still imports them from this module.
-from .messages import round_message, run_summary
 from .rows import RoundLine, WorkerReport
 from .rules import RoundRules
-from .state import AdLoCoState, RoundResult, RunTotals
 
 
-__all__ = [
-    "AdLoCoState",
-    "RoundDecision",
-    "RoundResult",
-    "RoundRules",
-    "RunTotals",
-    "WorkerReport",
-    "decide_round",
-    "next_round_inner_steps",
-    "outer_noise",
-    "round_message",
-    "run_summary",
-]
+__all__ = ["RoundDecision", "decide_round", "next_round_inner_steps", "outer_noise"]
 
 
 @dataclass(frozen=True)

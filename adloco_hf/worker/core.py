@@ -33,7 +33,9 @@ from ..instances.health import final_merge_warnings
 from ..instances.table import Instance, instance_of
 from ..outer.step import GlobalModel
 from ..outputs.run_log import RunLog
-from ..rounds.decision import AdLoCoState, RoundRules, RunTotals, run_summary
+from ..rounds.messages import run_summary
+from ..rounds.rules import RoundRules
+from ..rounds.state import AdLoCoState, RunTotals
 from ..rounds.tally import RoundTally
 from .ddp import DDPReplica
 from .fsdp import FSDPReplica

@@ -14,7 +14,7 @@ from transformers import set_seed
 
 from ..common.console import get_logger
 from ..common.rng import get_rng_state
-from ..rounds.decision import RunTotals
+from ..rounds.state import RunTotals
 from ..rounds.tally import RoundTally
 from ..sampling.stream_sampler import check_sampler_kind
 

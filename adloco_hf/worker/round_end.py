@@ -17,7 +17,10 @@ from ..instances import merges as merging
 from ..instances.health import SkippedRoundsError
 from ..instances.merges import MergeResult
 from ..instances.table import MergePlan, instance_of
-from ..rounds.decision import RoundDecision, RoundLine, RoundResult, WorkerReport, decide_round, round_message
+from ..rounds.decision import RoundDecision, decide_round
+from ..rounds.messages import round_message
+from ..rounds.rows import RoundLine, WorkerReport
+from ..rounds.state import RoundResult
 from ..rounds.tally import RoundTally
 
 
