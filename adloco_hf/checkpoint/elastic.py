@@ -1,4 +1,4 @@
-"""Elastic resume: a checkpoint written by W workers resumed with W' ≠ W (README, "Resuming and failures").
+"""Elastic resume: a checkpoint written by W workers resumed with W' ≠ W (docs/resuming.md).
 
 Every instance keeps its global weights φ, outer momentum, request and demand; its workers are re-assigned by the
 rule a merge uses (`instances.reassign_workers`). A worker that stays in its instance keeps its own inner-optimizer
@@ -6,7 +6,7 @@ state; one that joins an instance (a new rank, or one whose instance changed) ta
 first worker (φ is the same on all of them at a round's end). Old ranks keep their random generators, new ones get
 fresh ones. The data
 is re-split from where the old workers stood: within every pass they had started, no sample (map-style
-`train_dataset`) or document (a streamed one) is lost or read twice (`reshard.py`,
+`train_dataset`) or document (a streamed one) is lost or read twice (`sampling/reshard.py`,
 `AdaptiveBatchSampler.reshard_sampler_states`, `stream_sampler.reshard_stream_states`).
 
 Refused, with the reason: more instances than workers (merge down first), a checkpoint written inside a round (a

@@ -1,4 +1,4 @@
-"""Files AdLoCo writes: merged safetensors checkpoints, per-rank resume state, atomically (cards: `model_card.py`).
+"""Files AdLoCo writes: merged safetensors checkpoints, per-rank resume state, atomically (cards: `outputs/model_card.py`).
 
 Every folder is written under a temporary name next to its destination and renamed into place, so a process that
 dies while saving never leaves a half-written checkpoint where a complete one was expected. Model weights are
@@ -215,7 +215,7 @@ def save_rank_state(checkpoint_dir: str, rank: int, state: dict[str, Any]) -> st
 
 def check_rank_states(checkpoint_dir: str, world_size: int) -> int:
     """Refuse, before anything is loaded, a checkpoint that was not written by AdLoCo or lacks a worker's state;
-    return how many workers wrote it (another number than `world_size` is an elastic resume, `elastic.py`)."""
+    return how many workers wrote it (another number than `world_size` is an elastic resume, `checkpoint/elastic.py`)."""
     state_dir = os.path.join(checkpoint_dir, RANK_STATE_DIR)
     if not os.path.isdir(state_dir):
         raise ValueError(

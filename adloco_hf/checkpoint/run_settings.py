@@ -5,8 +5,8 @@ world size, the largest micro-batch as resolved, the inner optimizer's settings 
 checkpoint (`RESTORED_FIELDS`), and the model's configuration (`config.to_dict()` without `VOLATILE_CONFIG_KEYS`).
 A resume that changes a trajectory field or the model's configuration is refused before training with a
 `ValueError` naming the field, the checkpoint's value and this run's. A changed restored field is accepted with a
-warning: the checkpoint's value goes on. Another world size (`ELASTIC_FIELDS`) is an elastic resume (`elastic.py`),
-logged. Every other setting may change (README, "Resuming and failures").
+warning: the checkpoint's value goes on. Another world size (`ELASTIC_FIELDS`) is an elastic resume (`checkpoint/elastic.py`),
+logged. Every other setting may change (docs/resuming.md).
 """
 
 import json
@@ -51,7 +51,7 @@ TRAJECTORY_FIELDS = (
     "outer_nesterov", "lr_batch_scaling", "per_device_train_batch_size", "seed", "data_seed", "processes_per_worker",
     "worker_parallelism",
 )  # fmt: skip
-# Recorded and compared, but a change is an elastic resume (logged): each instance keeps its state (`elastic.py`).
+# Recorded and compared, but a change is an elastic resume (logged): each instance keeps its state (`checkpoint/elastic.py`).
 ELASTIC_FIELDS = ("world_size",)
 # A resume loads the inner optimizer's param groups (optimizer.pt) and the schedule's base rates (scheduler.pt, and
 # the workers' own): a new value of these is not applied, the checkpoint's goes on.
@@ -173,12 +173,11 @@ def check_run_settings(checkpoint_dir: str, current: dict) -> None:
             f"Resuming from {checkpoint_dir} with settings that define the run changed: "
             + "; ".join(change.describe() for change in refused)
             + ". Resume with the checkpoint's values, or start a new run from its weights (from_pretrained). The "
-            "settings that may change on resume are listed in the README (Resuming and failures)."
+            "settings that may change on resume are listed in docs/resuming.md."
         )
     for change in elastic_changes(saved, current):
         logger.warning(
-            f"{change.describe()}: an elastic resume, every instance keeps its weights, momentum and request (README, "
-            "Resuming and failures)"
+            f"{change.describe()}: an elastic resume, every instance keeps its weights, momentum and request (docs/resuming.md)"
         )
     for change in restored:
         logger.warning(

@@ -64,8 +64,8 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             Communication is hidden behind a round of compute.
         outer_overlap_local_weight (`float`, *optional*, defaults to `1.0`):
             λ, the weight of a worker's own fresh pseudo-gradient in its overlapped outer step: 1 keeps all of the
-            worker's own progress and takes the others' one round late (measured best: see the README's
-            communication table); None is 1 / M, the eager update of Kale et al. (2025).
+            worker's own progress and takes the others' one round late (measured best: see
+            docs/communication.md); None is 1 / M, the eager update of Kale et al. (2025).
 
         > Parameters that control the instances (multi-instance training)
 
@@ -180,7 +180,7 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             `accelerate launch` on N nodes × G GPUs, G per worker makes each node a worker. The requests
             (`batch_size_cap`, `batch_size_floor`, the rounds file's `batch_size`) are per worker and multiples of
             G; each process draws 1/G of its worker's batch (`per_device_train_batch_size` keeps its meaning: the
-            initial request is G × it). See `worker_layout.py`.
+            initial request is G × it). See `common/layout.py`.
         worker_parallelism (`str`, *optional*, defaults to `"ddp"`):
             How a worker of `processes_per_worker` > 1 processes trains its replica: `"ddp"` (every process holds
             the whole model, gradients all-reduced inside the worker) or `"fsdp"` (FSDP2 `fully_shard` over the

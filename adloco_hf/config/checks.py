@@ -3,7 +3,7 @@ the field and the fix.
 
 `check_adloco` and the checks it calls need nothing from `TrainingArguments`' own `__post_init__` and run before
 it; `check_schedule` reads the save/eval strategies it normalises and runs after it. What AdLoCo refuses of the
-Trainer's own features, and what it only warns about, is in `compat.py`.
+Trainer's own features, and what it only warns about, is in `config/compat.py`.
 """
 
 import os

@@ -1,6 +1,6 @@
 """Degraded instances: rounds skipped in a row, instances that made no progress, and when the run stops (pure).
 
-A round is skipped for an instance when its averaged pseudo-gradient is not finite (`outer.py`): its global weights
+A round is skipped for an instance when its averaged pseudo-gradient is not finite (`outer/step.py`): its global weights
 stay as they were and training goes on, which is right for a passing NaN. A worker that turns NaN or inf every round
 (a broken device, a bad data shard, a learning rate that diverges) would instead keep its instance from training for
 the rest of the run, silently; and once a merge seats that worker in another instance, that instance's rounds are
@@ -11,7 +11,7 @@ skipped too, since one worker's non-finite pseudo-gradient makes its instance's 
   naming the instance, its workers, those whose training loss was not finite, and what to do;
 - a merge, or the final merge, of an instance that made no progress (every round since the start, or since its last
   merge, skipped) is logged at WARNING with the weight it enters with: 0 when it never trained (its weights are the
-  ones it started from), its demand's otherwise (`instances.py`).
+  ones it started from), its demand's otherwise (`instances/table.py`).
 """
 
 import math

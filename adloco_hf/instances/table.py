@@ -9,7 +9,7 @@ An instance whose every round was skipped (non-finite pseudo-gradients) since th
 started from: it enters a merge, and the final merge, with weight 0, since averaging those weights in would only
 pull the other instance back towards its starting point (a run with one dead worker merged 9 % of the initial
 weights into its trained instance). An instance with no progress since its last merge keeps its demand's weight:
-its weights are that merge's, which hold the training before it (see `health.py` for the warnings and the stop).
+its weights are that merge's, which hold the training before it (see `instances/health.py` for the warnings and the stop).
 """
 
 import math
@@ -47,7 +47,7 @@ class Instance:
     Attributes:
         id: stable identifier (instances keep their id through merges; merged-away ids are not reused).
         workers: its workers' ids, ascending; the first one is its *first worker*. A worker id is the global rank
-            with one process per worker, else rank // processes_per_worker (`worker_layout.py`).
+            with one process per worker, else rank // processes_per_worker (`common/layout.py`).
         batch_size: b_i, its per-worker request.
         demand: d_i; by default b_i × workers, after a merge the sum of both demands.
         skipped_in_a_row: rounds skipped in a row (non-finite pseudo-gradient) up to the last one; a merge keeps
@@ -200,7 +200,7 @@ def redistribute(
 
 
 def reassign_workers(instances: list[Instance], num_workers: int) -> list[Instance]:
-    """The instance table for another number of workers (an elastic resume, `elastic.py`).
+    """The instance table for another number of workers (an elastic resume, `checkpoint/elastic.py`).
 
     Ranks from `num_workers` on leave their instance; every instance keeps its remaining workers (ascending) up to
     its seat count for the new number of workers (`seat_counts`, by demand) and the ranks left over or new fill

@@ -250,7 +250,7 @@ class GlobalModel:
         return torch.cat([p.detach().reshape(-1).to(self.device, torch.float32) for p in self.params])
 
     def _overlapped_step(self, group, num_workers: int) -> OuterStepResult:
-        """Eager update (`eager.py`): wait for last round's average and apply it to φ, apply this worker's fresh Δ to
+        """Eager update (`outer/eager.py`): wait for last round's average and apply it to φ, apply this worker's fresh Δ to
         its offset, then start this round's average in the background and return (θ ← φ + o)."""
         start = time.perf_counter()
         local = self.start_point().sub_(self._flat_params())

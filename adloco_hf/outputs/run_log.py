@@ -1,5 +1,5 @@
 """The run's JSON-lines files, written and read: `adloco_rounds.jsonl` and `adloco_eval.jsonl` (DESIGN §4), and
-`adloco_resumes.jsonl` (one line per elastic resume: a resume with another number of workers, `elastic.py`).
+`adloco_resumes.jsonl` (one line per elastic resume: a resume with another number of workers, `checkpoint/elastic.py`).
 
 Global rank 0 writes both into the run's `output_dir`: one line per instance per round to `adloco_rounds.jsonl`
 (the keys of `ROUND_KEYS` and a few more) and one line per evaluation to `adloco_eval.jsonl`, whose `instance` is

@@ -30,7 +30,9 @@ class RoundDecision:
     lines: dict[int, RoundLine]
     instances: list[Instance]
     merge: MergePlan | None
-    warnings: list[str] = field(default_factory=list)  # merges of instances that made no progress (`health.py`)
+    warnings: list[str] = field(
+        default_factory=list
+    )  # merges of instances that made no progress (`instances/health.py`)
     failure: str | None = None  # why the run stops: an instance skipped more than max_skipped_rounds in a row
     next_inner_steps: int | None = None  # the next round's inner steps (None: unchanged)
 
@@ -102,7 +104,7 @@ def decide_round(
     A skipped round (a non-finite pseudo-gradient on any worker of the instance) keeps the instance's request and
     counts towards its rounds skipped in a row; more than `rules.max_skipped_rounds` of them is the decision's
     `failure`. A merge, when due, is planned on the table with the new requests; `merged_from` is set on the
-    survivor's line, and a merged instance that made no progress gets a warning (`health.py`).
+    survivor's line, and a merged instance that made no progress gets a warning (`instances/health.py`).
     """
     lines, decided = {}, []
     controller = rules.controller

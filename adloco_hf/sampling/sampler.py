@@ -29,7 +29,7 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
     and no batch is short. The position is part of `state_dict()`, so a resumed run draws the same batches.
 
     A run resumed with another number of workers re-splits what the old workers had not drawn of the passes they
-    had started (`reshard_sampler_states`, see `reshard.py`): each new worker first draws its part of that *bridge*,
+    had started (`reshard_sampler_states`, see `sampling/reshard.py`): each new worker first draws its part of that *bridge*,
     then regular passes with the new layout. Within every pass no sample is lost or drawn twice.
 
     Use it as the `batch_sampler` of a plain `DataLoader` with `num_workers=0`: worker processes would prefetch
@@ -157,7 +157,7 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
     @classmethod
     def reshard_sampler_states(cls, states: Sequence[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
         """The states of `world_size` new workers continuing the old workers' `states` (one per old rank, in rank
-        order): each holds its part of the bridge (module `reshard.py`), then regular passes from the first pass no
+        order): each holds its part of the bridge (module `sampling/reshard.py`), then regular passes from the first pass no
         old worker had started, with the new layout. Loadable with `load_state_dict` by the new ranks."""
         check_old_states(states, "sampler", same=("seed", "num_samples"), indexed=("rank",))
         first = states[0]

@@ -2,7 +2,7 @@
 halves for the gradient statistics), the probe step that sizes `max_batch_size="auto"`, and the DDP that joins the
 processes of one worker.
 
-These are the Trainer's own steps run differently, not overrides: `trainer.py` decides when each runs.
+These are the Trainer's own steps run differently, not overrides: `trainer/trainer.py` decides when each runs.
 """
 
 import contextlib

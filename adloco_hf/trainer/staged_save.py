@@ -51,7 +51,9 @@ def save_staged_checkpoint(trainer: Trainer, worker: Worker, trial=None) -> None
             trainer._save_scaler(staging)
             trainer._save_rng_state(staging)
             path = save_rank_state(staging, trainer.args.process_index, worker.state_dict())
-            record_own_files(staging, trainer.args.process_index, [path])  # summed here, in parallel (`manifest.py`)
+            record_own_files(
+                staging, trainer.args.process_index, [path]
+            )  # summed here, in parallel (`checkpoint/manifest.py`)
     monitor.check(f"{checkpoint} (every worker's files)", hint)
     if trainer.args.should_save:
         if trainer.state.best_global_step:

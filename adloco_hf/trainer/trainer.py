@@ -1,9 +1,9 @@
 """`AdLoCoTrainer`: the HF `Trainer` with AdLoCo's inner loop. Only overrides live here, each saying why.
 
-The rounds themselves belong to this process's [`Worker`] (`worker/core.py`); `AdLoCoCallback` (`callback.py`)
+The rounds themselves belong to this process's [`Worker`] (`worker/core.py`); `AdLoCoCallback` (`trainer/callback.py`)
 hands the Trainer's events to it: training begins, a step ends (and with it, every `inner_steps` steps, a round),
 training ends. What the overrides run lives beside this file: the inner step (`inner_step.py`), the training data
-(`loaders.py`), resuming (`resume.py`), the checkpoint save (`staged_save.py`) and the merge folders
+(`loaders.py`), resuming (`resume.py`), the checkpoint save (`trainer/staged_save.py`) and the merge folders
 (`merge_folders.py`).
 """
 
@@ -59,7 +59,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         **kwargs: everything `transformers.Trainer` accepts (`train_dataset`, `eval_dataset`, `data_collator`,
             `processing_class`, `callbacks`, ...). `train_dataset` is map-style (with a length) or a stream: a
             `datasets.IterableDataset`, a `data.PackedStream`, or a torch `IterableDataset` with `state_dict()` /
-            `load_state_dict()` (each worker reads its own part; resume continues it exactly, `stream.py`).
+            `load_state_dict()` (each worker reads its own part; resume continues it exactly, `sampling/stream.py`).
 
     Example:
     ```python
@@ -137,7 +137,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
             self._stop_for_preemption()  # inside a round, the checkpoint holds every worker's own weights
 
     def _stop_for_preemption(self) -> None:
-        """Save a checkpoint at this step on every worker, then leave the training loop (see `preemption.py`)."""
+        """Save a checkpoint at this step on every worker, then leave the training loop (see `worker/preemption.py`)."""
         self.control.should_save = True
         self.control.should_training_stop = True
         self._preempted_at = self.state.global_step
@@ -175,7 +175,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`; raises [`TrainingPreempted`] naming the checkpoint written when SIGTERM/SIGINT stopped it.
-        The checkpoint to resume from is verified first; `True` takes the newest intact one (`manifest.py`)."""
+        The checkpoint to resume from is verified first; `True` takes the newest intact one (`checkpoint/manifest.py`)."""
         self._preempted_at = None
         resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
         check_workers_for_instances(self.args, self.worker, resume_from_checkpoint)
@@ -288,7 +288,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
 
     # ---- checkpoints: per-worker state, written atomically ----
     def _save_checkpoint(self, model, trial) -> None:
-        """Every worker's state, staged and renamed into place once all have written (see `staged_save.py`)."""
+        """Every worker's state, staged and renamed into place once all have written (see `trainer/staged_save.py`)."""
         save_staged_checkpoint(self, self.worker, trial)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -317,8 +317,8 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         """Load the weights as the Trainer does (with fsdp, each process's rows), then this worker's AdLoCo state,
-        refusing changed settings that define the run (`run_settings.py`). A checkpoint written by another number of
-        workers is an elastic resume (`elastic.py`): its refusals come before anything is loaded (`resume.py`)."""
+        refusing changed settings that define the run (`checkpoint/run_settings.py`). A checkpoint written by another number of
+        workers is an elastic resume (`checkpoint/elastic.py`): its refusals come before anything is loaded (`resume.py`)."""
         load_weights = functools.partial(super()._load_from_checkpoint, resume_from_checkpoint, model)
         load_checkpoint(self, self.worker, resume_from_checkpoint, load_weights)
 

@@ -82,13 +82,13 @@ class WorkerResume:
             self._scaler.load_state_dict(state["scaler"])
         if state.get("round") is not None:
             self._tally = RoundTally.restore(state["round"], self._part(), self.collector)
-        self._rng_to_restore = state.get("rng")  # right before the first inner step, see `rng.py`
+        self._rng_to_restore = state.get("rng")  # right before the first inner step, see `common/rng.py`
         if state.get("elastic") is not None:
             self._settle_elastic()
         self._pending = None
 
     def _settle_elastic(self) -> None:
-        """After an elastic resume (`elastic.py`) every worker of an instance holds the same φ (overlapped: the
+        """After an elastic resume (`checkpoint/elastic.py`) every worker of an instance holds the same φ (overlapped: the
         average in flight applied, the offset dropped), the compression residual of the old ring is dropped, and a
         new rank gets random generators of its own (seeded by seed, rank and step), not the shared initial ones."""
         self.global_model.settle()

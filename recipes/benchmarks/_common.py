@@ -1,6 +1,6 @@
 """Helpers shared by the benchmarks: socket byte counters, curve interpolation, ratios, tables and JSON output.
 
-Everything here is pure Python (no torch), so `tests/test_benchmarks.py` checks it on synthetic inputs. Launching
+Everything here is pure Python (no torch), so `tests/recipes/test_benchmarks.py` checks it on synthetic inputs. Launching
 workers (`free_port`, `launch_command`, `run_workers`) is `adloco_hf.testing`'s, shared with the test suite.
 """
 

@@ -1,4 +1,4 @@
-"""Worker side of `tests/test_cpu_launch.py`: `AdLoCoConfig` built WITHOUT `use_cpu`, as a user's script does.
+"""Worker side of `tests/worker/test_cpu_launch.py`: `AdLoCoConfig` built WITHOUT `use_cpu`, as a user's script does.
 
 Launched with `accelerate launch --multi_gpu --num_processes N` on a machine without a GPU, every worker must still
 join one gloo group of N: the config sets `use_cpu=True` itself. Each worker writes what it saw to

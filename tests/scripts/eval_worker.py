@@ -1,4 +1,4 @@
-"""A worker of `tests/test_evaluation.py`: `accelerate launch --multi_gpu --num_processes P eval_worker.py SPEC_JSON`.
+"""A worker of `tests/evaluation/test_evaluation.py`: `accelerate launch --multi_gpu --num_processes P eval_worker.py SPEC_JSON`.
 
 Two instances of a tiny Llama train with `compute_metrics` (token accuracy and mean log-probability of the labels,
 from `preprocess_logits_for_metrics`); on every evaluation each worker computes the same metrics directly on its own

@@ -1,4 +1,4 @@
-"""A worker of `tests/test_evaluation.py`: `accelerate launch --multi_gpu --num_processes P merged_eval_worker.py SPEC`.
+"""A worker of `tests/evaluation/test_evaluation.py`: `accelerate launch --multi_gpu --num_processes P merged_eval_worker.py SPEC`.
 
 Two independently initialised instances of a tiny Llama train without merges, with `compute_metrics` (token accuracy
 and mean log-probability of the labels) and `eval_merged_model` as SPEC_JSON says. At every evaluation each worker

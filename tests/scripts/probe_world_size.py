@@ -1,4 +1,4 @@
-"""Worker side of `tests/test_accelerate_configs.py`: checks the world size that `accelerate launch` produced.
+"""Worker side of `tests/config/test_accelerate_configs.py`: checks the world size that `accelerate launch` produced.
 
 Each worker builds `TrainingArguments(use_cpu=True)` as the AdLoCo recipes do on a machine without a GPU,
 asserts that the process group has the expected size, and writes its rank to `OUT_DIR/rank-<rank>`.

@@ -15,7 +15,7 @@ from adloco_hf.outputs.report import format_summary, summarize_run
 from adloco_hf.outputs.run_log import load_evals, load_rounds
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEQ_LEN = 32
 BYTES_PER_WORKER = 1_000_000
 

@@ -154,7 +154,7 @@ def test_check_refuses_naming_every_changed_field_with_both_values(tmp_path):
     assert "inner_steps was 5 in the checkpoint, is 3 now" in message
     assert "num_instances was 1 in the checkpoint, is 2 now" in message
     assert "model config hidden_size was 32 in the checkpoint, is 48 now" in message
-    assert "README (Resuming and failures)" in message
+    assert "docs/resuming.md" in message
 
 
 def test_check_accepts_a_new_learning_rate_with_a_warning(tmp_path, records):

@@ -28,7 +28,7 @@ from adloco_hf.data import (
 )
 
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SENTINEL = re.compile(r"zqk\d{3}")
 WORDS = (
     "the model reads a stream of tokens and learns to predict the next one while workers average their "

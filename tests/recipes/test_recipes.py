@@ -21,7 +21,7 @@ from adloco_hf.cli import load_yaml_defaults, parse_args_with_yaml
 from adloco_hf.presets import build_model
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
 CONFIGS = RECIPES / "configs"
 FIXTURE = ROOT / "tests" / "fixtures" / "pretrain_tiny.yaml"

@@ -20,7 +20,7 @@ from adloco_hf.testing import WorkersFailed, free_port, launch_command, run_work
 from recipes.benchmarks import _common, convergence, distributed_costs, overhead
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCHMARKS = os.path.join(REPO, "recipes", "benchmarks")
 
 # Captured from `ss -tinpH` during a 4-worker gloo run (trimmed), plus three edge cases: a socket shared by two

@@ -11,7 +11,7 @@ from accelerate.commands.launch import _validate_launch_command, launch_command_
 from helpers import free_port
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "accelerate_configs"
 PROBE = ROOT / "tests" / "scripts" / "probe_world_size.py"
 
