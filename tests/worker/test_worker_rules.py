@@ -25,15 +25,15 @@ def test_the_rules_are_built_once_and_again_only_when_an_input_changes(tmp_path)
     w = worker(tmp_path)
     w.max_batch_size, w._sampler = 8, SimpleNamespace(shard_size=100)
     rules = w.rules
-    assert rules.max_batch_size == 8 and rules.request_cap == 100
+    assert rules.max_batch_size == 8 and rules.controller.cap == 100
     assert w.rules is rules  # the same object on every read
     w._sampler.shard_size = 30  # a re-sharded sampler (another number of workers)
-    assert w.rules is not rules and w.rules.request_cap == 30
+    assert w.rules is not rules and w.rules.controller.cap == 30
     rules = w.rules
     w.max_batch_size = 16  # restored from a checkpoint
     assert w.rules is not rules and w.rules.max_batch_size == 16
     w._sampler = SimpleNamespace(shard_size=None)  # a stream has no shard: only batch_size_cap caps a request
-    assert w.rules.request_cap is None
+    assert w.rules.controller.cap is None
 
 
 def test_one_process_per_worker_is_a_whole_replica(tmp_path):
