@@ -179,7 +179,7 @@ def test_another_world_size_is_logged_not_refused(tmp_path, records):
     warnings = [r.getMessage() for r in records.records if r.levelno == logging.WARNING]
     assert warnings == [
         "world_size was 4 in the checkpoint, is 1 now: an elastic resume, every instance keeps its weights, momentum "
-        "and request (README, Resuming and failures)"
+        "and request (docs/resuming.md)"
     ]
 
 
