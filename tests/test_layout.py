@@ -126,3 +126,10 @@ def test_no_module_is_over_400_lines(files):
         if (n := len(f.read_text().splitlines())) > MAX_LINES
     )
     assert long == [], "\n".join(long)
+
+
+def test_every_folder_is_a_package():
+    """A folder without `__init__.py` would import (a namespace package) but be left out of a built wheel by
+    `find_packages`; `metrics/` is package data that `evaluate` loads by path."""
+    folders = {f.parent for f in PACKAGE.rglob("*.py")} - {PACKAGE / "metrics"}
+    assert sorted(str(d.relative_to(PACKAGE)) for d in folders if not (d / "__init__.py").exists()) == []
