@@ -20,8 +20,8 @@ from huggingface_hub import EvalResult, ModelCardData
 
 from ..checkpoint.folders import save_model_folder
 from ..common.files import atomic_write_text
-from .plotting import PLOT_FILE
 from ..common.formats import format_bytes
+from .plotting import PLOT_FILE
 from .report import instance_label
 
 

@@ -20,9 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .report import first_dataset_evals, summarize_records
 from ..common.formats import byte_unit, format_bytes, format_count
-from .report import instance_label
+from .report import first_dataset_evals, instance_label, summarize_records
 from .run_log import MERGED, group_by_round, is_finite_number, load_evals, load_rounds
 
 

@@ -29,23 +29,6 @@ __all__ = [
 ]
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def _demand(record: dict[str, Any]) -> int:
     """d_i = b_i × workers(i), the weight of an instance in merges and in the merged model."""
     return record["batch_size"] * len(record["workers"])

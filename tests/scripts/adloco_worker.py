@@ -435,6 +435,8 @@ def main() -> None:
 
         preemption._AGREE_SECONDS = spec["preemption_agree_seconds"]
     if spec.get("wait_for_stop_request") is not None:
+        import adloco_hf.worker.preemption as preemption
+
         wait_rank, wait_step = spec["wait_for_stop_request"]
 
         class WaitForStopRequest(TrainerCallback):
@@ -444,7 +446,7 @@ def main() -> None:
             def on_step_begin(self, args, state, control, **kwargs):
                 if rank == wait_rank and state.global_step == wait_step:
                     store = dist.distributed_c10d._get_default_store()
-                    while not store.check(["adloco/preempt/request"]):
+                    while not store.check([preemption._REQUEST_KEY]):
                         time.sleep(0.01)
 
         trainer.add_callback(WaitForStopRequest())
