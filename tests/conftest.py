@@ -57,3 +57,14 @@ def resume_reference(tmp_path_factory) -> str:
     spec = worker_spec(out, root / "probe", 2, RESUME_CONFIG, dropout=0.1)
     launch(os.path.join(SCRIPTS, "adloco_worker.py"), json.dumps(spec), num_processes=2, timeout=300)
     return out
+
+
+@pytest.fixture(scope="session")
+def two_by_two_ddp(tmp_path_factory):
+    """(output folder, probe folder) of `helpers.TWO_BY_TWO` with DDP inside each worker (`scripts/adloco_worker.py`,
+    4 processes): launched once, read by test_worker_processes.py's checks and compared with FSDP's run of the same
+    config in test_worker_fsdp.py."""
+    from helpers import SCRIPTS, TWO_BY_TWO, launch_run
+
+    return launch_run(os.path.join(SCRIPTS, "adloco_worker.py"), tmp_path_factory.mktemp("two-by-two"), TWO_BY_TWO,
+                      world_size=4, name="ddp")  # fmt: skip

@@ -28,6 +28,7 @@ __all__ = [
     "RESUME_CONFIG",
     "SCRIPTS",
     "TESTS",
+    "TWO_BY_TWO",
     "c4_documents",
     "comparable_rounds",
     "flat_params",
@@ -70,6 +71,16 @@ COMPARED_ROUND_KEYS = (
 RESUME_CONFIG = dict(
     max_steps=30, inner_steps=5, save_steps=10, num_instances=2, merge_every=4, per_device_train_batch_size=2,
     max_batch_size=4, eta=0.5, seed=3, optim="adamw_torch", learning_rate=3e-3, lr_batch_scaling="sqrt",
+)  # fmt: skip
+
+# Two workers of two processes (DDP or FSDP inside each worker; `two_by_two_ddp` in conftest.py, test_worker_fsdp.py):
+# outer_lr 1, no momentum and float32 for the exact-mean checks; a norm test that measures (grad_variance) but, with
+# eta 1e6, never grows the batch, so DDP and FSDP take the same decisions whatever the float order of their
+# reductions, and their runs can be compared number for number.
+TWO_BY_TWO = dict(
+    seed=3, optim="adamw_torch", learning_rate=3e-3, per_device_train_batch_size=2, max_batch_size=4, eta=1e6,
+    processes_per_worker=2, max_steps=12, inner_steps=4, outer_lr=1.0, outer_momentum=0.0,
+    pseudo_grad_dtype="float32", save_strategy="no",
 )  # fmt: skip
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -149,6 +160,17 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().float().reshape(-1) for p in model.parameters() if p.requires_grad])
 
 
+# Seconds torchrun waits, after it sends SIGTERM to the workers (a worker exited, or the launcher got a signal), before
+# it kills them (`TORCH_ELASTIC_SHUTDOWN_TIMEOUT`, 30 s by default). Longer here, so that no test depends on how fast a
+# loaded machine saves and exits; `launch_failing` then checks that no worker had to be killed.
+SHUTDOWN_SECONDS = "120"
+_KILLED_BY_LAUNCHER = "forcefully exiting via 9"  # torchrun: "Unable to shutdown process N via 15, forcefully ..."
+
+
+def _launch_env(env: dict | None) -> dict:
+    return {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": SHUTDOWN_SECONDS, **(env or {})}
+
+
 def launch(script: str, *args: str, num_processes: int, timeout: int = 300, env: dict | None = None) -> WorkersResult:
     """`accelerate launch --multi_gpu` with gloo on CPU (DESIGN §6); fails the test with the workers' output.
 
@@ -156,7 +178,7 @@ def launch(script: str, *args: str, num_processes: int, timeout: int = 300, env:
     `helpers`), one OpenMP thread each.
     """
     command = launch_command(script, *args, num_processes=num_processes)
-    return run_workers(command, timeout=timeout, env=env, cwd=REPO, pythonpath=[REPO, TESTS], threads=1)
+    return run_workers(command, timeout=timeout, env=_launch_env(env), cwd=REPO, pythonpath=[REPO, TESTS], threads=1)
 
 
 def launch_failing(script: str, *args: str, num_processes: int, timeout: int = 300, env: dict | None = None) -> str:
@@ -166,11 +188,16 @@ def launch_failing(script: str, *args: str, num_processes: int, timeout: int = 3
     scripts' own checks (the world size every worker asserts, the probes) are never the failure a test provokes.
     """
     command = launch_command(script, *args, num_processes=num_processes)
-    result = run_workers(command, timeout=timeout, env=env, cwd=REPO, pythonpath=[REPO, TESTS], threads=1, check=False)
+    result = run_workers(
+        command, timeout=timeout, env=_launch_env(env), cwd=REPO, pythonpath=[REPO, TESTS], threads=1, check=False
+    )
     output = result.stdout + result.stderr
     assert not result.timed_out, f"workers did not finish in {result.seconds:.0f}s:\n{output[-4000:]}"
     assert result.returncode != 0, f"the launch was expected to fail but succeeded:\n{output[-4000:]}"
     assert "AssertionError" not in output, f"a worker's own check failed:\n{output[-6000:]}"
+    # Once a worker has failed, the launcher's SIGTERM must end the others (a worker waiting on the failed one
+    # stops waiting, a deliberately hung test worker dies on it): none is left for SIGKILL.
+    assert _KILLED_BY_LAUNCHER not in output, f"a worker ignored the launcher's SIGTERM:\n{output[-6000:]}"
     return output
 
 

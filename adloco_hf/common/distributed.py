@@ -6,6 +6,7 @@ import datetime
 import hashlib
 import io
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -30,6 +31,7 @@ __all__ = [
     "recv_tensor",
     "send_object_tensors",
     "send_tensor",
+    "stop_waiting_for_workers",
     "tensors_fingerprint",
 ]
 
@@ -38,6 +40,21 @@ __all__ = [
 # default), so the failing worker is the one blamed. Without such a launcher the others raise after this wait.
 PEER_FAILURE_GRACE_SECONDS = 10.0
 _MAX_QUOTED = 2000  # characters of another worker's error quoted in a WorkerTimeoutError
+
+# Set once this process is asked to stop (SIGTERM or SIGINT: `worker/preemption.py` calls
+# `stop_waiting_for_workers`). A worker whose collective failed may wait up to `worker_timeout` to learn which worker
+# failed (the store's counters, a posted error). When a worker dies, the launcher stops the others with SIGTERM and
+# kills them after its shutdown timeout (torchrun: 30 s): a worker that went on waiting was killed without its
+# message, 30 s later. With the request, it names the workers that are behind at once and exits with its error.
+_stop_waiting = threading.Event()
+
+
+def stop_waiting_for_workers(stop: bool = True) -> None:
+    """Cut short the waits of [`WorkerMonitor`]'s failure diagnosis in this process (`stop=False`: wait again)."""
+    if stop:
+        _stop_waiting.set()
+    else:
+        _stop_waiting.clear()
 
 
 def is_distributed() -> bool:
@@ -255,9 +272,9 @@ class WorkerMonitor:
                     for rank in range(world)
                     if not self._store.check([self._key(rank)]) or int(self._store.get(self._key(rank))) < self._count
                 ]
-                if failed or not behind or not wait or time.monotonic() >= deadline:
+                if failed or not behind or not wait or time.monotonic() >= deadline or _stop_waiting.is_set():
                     return failed, behind or None
-                time.sleep(0.1)
+                _stop_waiting.wait(0.1)
         except Exception:
             return {}, None
 
@@ -305,9 +322,11 @@ class WorkerMonitor:
         found = re.search(r"Ranks? ([\d, ]+) failed", str(error))  # rank 0's monitored_barrier names them
         failed, behind = self._diagnose(started + self.timeout.total_seconds(), wait=found is None)
         timeout = f"did not arrive within {self.timeout.total_seconds():g} s (dead or hung)"
+        if _stop_waiting.is_set() and time.monotonic() < started + self.timeout.total_seconds():
+            timeout = "did not arrive (dead or hung: this worker was asked to stop while it waited for them)"
         quoted = "".join(f" Rank {rank}'s error: {message}" for rank, message in sorted(failed.items()))
         if failed:
-            time.sleep(PEER_FAILURE_GRACE_SECONDS)  # the launcher should see that worker exit first, and blame it
+            _stop_waiting.wait(PEER_FAILURE_GRACE_SECONDS)  # the launcher should see that worker exit first, blame it
             who = f"worker rank(s) {', '.join(map(str, sorted(failed)))} failed"
         elif found:
             who = f"worker rank(s) {found.group(1).strip()} {timeout}"

@@ -29,6 +29,8 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from ..common.distributed import stop_waiting_for_workers
+
 
 __all__ = ["Preemption", "TrainingPreempted"]
 
@@ -76,6 +78,7 @@ class Preemption:
         """Handle SIGTERM and SIGINT (main thread only; elsewhere Python cannot install handlers)."""
         if threading.current_thread() is not threading.main_thread():
             return
+        stop_waiting_for_workers(False)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             try:  # the rendezvous store (torchrun's / accelerate's), as WorkerMonitor uses it
                 self._store = dist.distributed_c10d._get_default_store()
@@ -95,6 +98,7 @@ class Preemption:
             signal.raise_signal(signum)
             return
         self.signal_name = signal.Signals(signum).name
+        stop_waiting_for_workers()  # a worker only waiting to learn who failed stops waiting (common/distributed.py)
         logger.warning(
             "received %s: training stops at the next step all workers can reach (the round's end if it is within "
             "%g s), saves a checkpoint and exits; send it again to stop at once",

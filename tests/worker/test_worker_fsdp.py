@@ -8,7 +8,16 @@ import os
 import pytest
 import safetensors.torch
 import torch
-from helpers import SCRIPTS, comparable_rounds, flat_params, launch_run, merged_params, reports_of, rounds_of
+from helpers import (
+    SCRIPTS,
+    TWO_BY_TWO,
+    comparable_rounds,
+    flat_params,
+    launch_run,
+    merged_params,
+    reports_of,
+    rounds_of,
+)
 from transformers import AutoModelForCausalLM
 
 
@@ -26,12 +35,10 @@ def run(tmp_path, config, *, world_size=4, name="out", **extra):
     return launch_run(WORKER, tmp_path, {**BASE, **config}, world_size=world_size, name=name, **extra)
 
 
-def test_two_workers_of_two_processes_fsdp(tmp_path):
-    config = dict(
-        max_steps=12, inner_steps=4, outer_lr=1.0, outer_momentum=0.0, pseudo_grad_dtype="float32",
-        save_strategy="no", eval_strategy="steps", eval_steps=8, eval_merged_model=True,
-    )  # fmt: skip
-    out, probe = run(tmp_path, config, eval=True)
+def test_two_workers_of_two_processes_fsdp(tmp_path, two_by_two_ddp):
+    # The DDP run's config (helpers.TWO_BY_TWO), with the instance evaluated at step 8, the end, and merged.
+    config = dict(TWO_BY_TWO, worker_parallelism="fsdp", eval_strategy="steps", eval_steps=8, eval_merged_model=True)
+    out, probe = launch_run(WORKER, tmp_path, config, world_size=4, eval=True)
     reports = reports_of(probe, 4)
     merged = merged_params(out)  # a plain from_pretrained folder, gathered from the shards
     numel = merged.numel()
@@ -62,6 +69,14 @@ def test_two_workers_of_two_processes_fsdp(tmp_path):
     assert torch.equal(final, merged)
     evals = [json.loads(line) for line in open(os.path.join(out, "adloco_eval.jsonl"))]
     assert evals and all(torch.isfinite(torch.tensor(line["eval_loss"])) for line in evals)
+
+    # The same run with the replica whole (DDP) inside each worker: the same data per process, the same outer steps
+    # on φ (sharded or whole), so the same model and losses up to the float order of the reductions.
+    ddp, _ = two_by_two_ddp
+    assert (merged - merged_params(ddp)).abs().max().item() <= 1e-5
+    sharded, whole = rounds_of(out), rounds_of(ddp)
+    assert [line["batch_size"] for line in sharded] == [line["batch_size"] for line in whole] == [4, 4, 4]
+    assert [line["train_loss"] for line in sharded] == pytest.approx([line["train_loss"] for line in whole], rel=1e-5)
 
 
 RESUME = dict(max_steps=16, inner_steps=4, save_steps=8, num_instances=2, merge_every=3)
@@ -114,20 +129,3 @@ def test_fsdp_point_to_point_merge_of_independent_instances(tmp_path):
     assert merge.numel() == merged_params(out).numel() and torch.isfinite(merge).all()
     final = safetensors.torch.load_file(str(probe / "final-rank3.safetensors"))["params"]
     assert torch.equal(final, merged_params(out))
-
-
-@pytest.mark.slow  # make test stays under 15 minutes; `make test-slow` runs it
-def test_fsdp_trains_the_model_ddp_trains(tmp_path):
-    """The same run with the replica sharded (FSDP2) or whole (DDP) inside each worker: the same data per process,
-    the same outer steps on φ (sharded or whole), so the same merged model up to the float order of the reductions."""
-    config = dict(
-        max_steps=8, inner_steps=4, outer_lr=0.7, outer_momentum=0.9, batch_size_test="none", save_strategy="no",
-    )  # fmt: skip
-    fsdp, _ = run(tmp_path, config, name="fsdp")
-    ddp_config = {**BASE, **config, "worker_parallelism": "ddp"}
-    out, _ = launch_run(os.path.join(SCRIPTS, "adloco_worker.py"), tmp_path, ddp_config, world_size=4, name="ddp")
-    sharded, whole = merged_params(fsdp), merged_params(out)
-    assert (sharded - whole).abs().max().item() <= 1e-5
-    assert [line["train_loss"] for line in rounds_of(fsdp)] == pytest.approx(
-        [line["train_loss"] for line in rounds_of(out)], rel=1e-5
-    )

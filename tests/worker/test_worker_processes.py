@@ -39,34 +39,30 @@ def run(tmp_path, config, *, world_size=4, name="out", **extra):
     return launch_run(WORKER, tmp_path, {**BASE, **config}, world_size=world_size, name=name, **extra)
 
 
-def test_two_workers_of_two_processes(tmp_path):
-    config = dict(
-        max_steps=20, inner_steps=10, outer_lr=1.0, outer_momentum=0.0, pseudo_grad_dtype="float32",
-        save_strategy="no",
-    )  # fmt: skip
-    out, probe = run(tmp_path, config)
+def test_two_workers_of_two_processes(two_by_two_ddp):
+    out, probe = two_by_two_ddp
     reports = reports_of(probe, 4)
     numel = merged_params(out).numel()
     for report in reports:
         assert report["world_size"] == 4
         assert report["worker_id"] == report["rank"] // 2
-        assert report["steps_checked_in_worker"] == 20  # the processes of each worker agreed after every step
-        assert report["rounds_checked"] == 2  # every process of the instance agreed after each outer step
-        # The two workers drift apart inside a round (measured at steps 1, 4, 7, 10, 13, 16, 19, 20)...
-        assert report["spread_checks"] == 8 and report["min_spread_inside_round"] > 1e-4
-        assert report["mean_checks"] == 2 and report["max_mean_error"] < 1e-6  # ...and meet at their mean after it
+        assert report["steps_checked_in_worker"] == 12  # the processes of each worker agreed after every step
+        assert report["rounds_checked"] == 3  # every process of the instance agreed after each outer step
+        # The two workers drift apart inside a round (measured at steps 1, 4, 7, 10 and the round ends 4, 8, 12)...
+        assert report["spread_checks"] == 6 and report["min_spread_inside_round"] > 1e-4
+        assert report["mean_checks"] == 3 and report["max_mean_error"] < 1e-6  # ...and meet at their mean after it
         assert report["numel"] == numel
     # Local ranks 0 and 1 reduce complementary halves of the pseudo-gradient.
     parts = sorted(tuple(r["part"]) for r in reports if r["worker_id"] == 0)
     assert parts[0][0] == 0 and parts[0][1] == parts[1][0] and parts[1][1] == numel
     rounds = rounds_of(out)
-    assert [line["outer_step"] for line in rounds] == [1, 2]
+    assert [line["outer_step"] for line in rounds] == [1, 2, 3]
     for line in rounds:
         assert line["workers"] == [0, 1]
         assert line["processes"] == [0, 1, 2, 3] and line["processes_per_worker"] == 2
         assert line["batch_size"] % 2 == 0 and line["next_batch_size"] % 2 == 0
         used = line["batch_size"] if line["accumulation_steps"] > 1 else 2 * line["micro_batch_size"]
-        assert line["samples"] == 2 * 10 * used  # two workers, ten steps, the worker's batch
+        assert line["samples"] == 2 * 4 * used  # two workers, four steps, the worker's batch
         # The bytes between workers: two half payloads in float32, the ring total of the whole model.
         assert line["comm_bytes"] == 2 * (2 - 1) * 4 * numel
         # Each local rank sends its half: the payload per process between workers is 1/G of the model's.
@@ -74,6 +70,7 @@ def test_two_workers_of_two_processes(tmp_path):
         assert sum(line["process_payload_bytes"]) == 4 * numel
     assert rounds[0]["stats_dof"] == 4  # the statistics of all four processes pool (two halves each)
     assert rounds[0]["batch_size"] == 4  # the initial request: 2 processes × per_device_train_batch_size
+    assert {line["next_batch_size"] for line in rounds} == {4}  # eta 1e6: measured, never grown (TWO_BY_TWO)
     for report in reports:
         assert report["seen_batches"][:10] == [2] * 10  # each process draws half of its worker's batch
 
@@ -155,22 +152,32 @@ RESUME = dict(
 
 
 def test_stop_and_resume_with_two_processes_per_worker(tmp_path):
+    """Preemption in units of workers, then an exact resume: SIGTERM to one process (rank 1, local rank 1 of worker
+    0) at step 12; every process of every worker agrees to stop at the round's end (15) and saves checkpoint-15, and
+    the resumed run ends as the uninterrupted one. Checkpoint-10 of the same run is resumed elastically on 3 workers
+    below."""
     full, _ = run(tmp_path, RESUME, name="full", dropout=0.1)
-    # Every process stopped at step 12 (after checkpoint-10, before the merge of round 3), then resumed.
-    part, _ = run(tmp_path, RESUME, name="part", dropout=0.1, fail=["all", 12, 0])
-    checkpoint = os.path.join(part, "checkpoint-10")
+    part = str(tmp_path / "part")
+    spec = worker_spec(part, tmp_path / "probe-part", 4, {**BASE, **RESUME}, dropout=0.1, sigterm=[1, 12, "self"])
+    output = launch_failing(WORKER, json.dumps(spec), num_processes=4, timeout=400)  # TrainingPreempted: exit != 0
+    assert "training was preempted" in output
+    assert sorted(name for name in os.listdir(part) if name.startswith("checkpoint-")) == [
+        "checkpoint-10",
+        "checkpoint-15",
+    ]
     assert not os.path.isdir(os.path.join(part, "merged"))
     shutil.copytree(part, str(tmp_path / "elastic"))  # resumed elastically below, on 3 workers
     for rank in range(4):
-        state = torch.load(os.path.join(checkpoint, "adloco", f"rank-{rank}.pt"), weights_only=True)
+        state = torch.load(os.path.join(part, "checkpoint-10", "adloco", f"rank-{rank}.pt"), weights_only=True)
         assert state["world_size"] == 4 and state["processes_per_worker"] == 2
         assert [row[3] for row in state["instances"]] == [[0], [1]]  # worker ids
-    run(tmp_path, RESUME, name="part", dropout=0.1, resume=checkpoint)
+        state = torch.load(os.path.join(part, "checkpoint-15", "adloco", f"rank-{rank}.pt"), weights_only=True)
+        assert state["world_size"] == 4 and state["outer_step"] == 3 and state["round"] is None
+    run(tmp_path, RESUME, name="part", dropout=0.1, resume=os.path.join(part, "checkpoint-15"))
 
     assert (merged_params(part) - merged_params(full)).abs().max().item() <= 1e-6
-    full_rounds = rounds_of(full)
     assert comparable_rounds(part) == comparable_rounds(full)
-    assert any(line["merged_from"] for line in full_rounds if line["outer_step"] == 3)  # merged after the resume
+    assert any(line["merged_from"] for line in rounds_of(full) if line["outer_step"] == 3)
 
     # The same checkpoint on 3 workers of 2 processes (an elastic resume in units of workers): the new worker 2
     # joins an instance; each of its processes takes the state of the same local rank of the instance's old first
@@ -199,22 +206,3 @@ def test_stop_and_resume_with_two_processes_per_worker(tmp_path):
         line["processes"] == [p for w in line["workers"] for p in (2 * w, 2 * w + 1)] for line in elastic_rounds
     )
     assert os.path.isfile(os.path.join(elastic, "merged", "model.safetensors"))
-
-
-@pytest.mark.slow  # make test stays under 15 minutes; `make test-slow` runs it
-def test_sigterm_with_two_processes_per_worker_stops_at_the_round_end_and_resumes_exactly(tmp_path):
-    """Preemption in units of workers: SIGTERM to one process (rank 1, local rank 1 of worker 0) at step 12; every
-    process of every worker agrees to stop at the round's end (15), saves checkpoint-15, and the resumed run ends as
-    the uninterrupted one."""
-    config = dict(RESUME, save_steps=5)
-    full, _ = run(tmp_path, config, name="full", dropout=0.1)
-    part = str(tmp_path / "part")
-    spec = worker_spec(part, tmp_path / "probe-part", 4, {**BASE, **config}, dropout=0.1, sigterm=[1, 12, "self"])
-    output = launch_failing(WORKER, json.dumps(spec), num_processes=4, timeout=400)  # TrainingPreempted: exit != 0
-    assert "training was preempted" in output
-    for rank in range(4):
-        state = torch.load(os.path.join(part, "checkpoint-15", "adloco", f"rank-{rank}.pt"), weights_only=True)
-        assert state["world_size"] == 4 and state["outer_step"] == 3 and state["round"] is None
-    assert not os.path.isdir(os.path.join(part, "checkpoint-20"))
-    run(tmp_path, config, name="part", dropout=0.1, resume=os.path.join(part, "checkpoint-15"))
-    assert (merged_params(part) - merged_params(full)).abs().max().item() <= 1e-6
