@@ -160,9 +160,10 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().float().reshape(-1) for p in model.parameters() if p.requires_grad])
 
 
-# Seconds torchrun waits, after it sends SIGTERM to the workers (a worker exited, or the launcher got a signal), before
-# it kills them (`TORCH_ELASTIC_SHUTDOWN_TIMEOUT`, 30 s by default). Longer here, so that no test depends on how fast a
-# loaded machine saves and exits; `launch_failing` then checks that no worker had to be killed.
+# Seconds torchrun waits, after a signal to the launcher (e.g. SIGTERM, forwarded to every worker), before it kills the
+# workers (`TORCH_ELASTIC_SHUTDOWN_TIMEOUT`, 30 s by default): longer here, so that no test depends on how fast a loaded
+# machine stops, saves and exits. (After a worker fails, torchrun SIGTERMs the others and kills them 30 s later
+# whatever this says; `launch_failing` checks that none had to be killed.)
 SHUTDOWN_SECONDS = "120"
 _KILLED_BY_LAUNCHER = "forcefully exiting via 9"  # torchrun: "Unable to shutdown process N via 15, forcefully ..."
 

@@ -66,6 +66,12 @@ def _run(
         params, compression=compression, overlap=overlap, lr=lr, momentum=momentum, local_weight=local_weight
     )
     record = {"phi0": gm.phi.detach().clone(), "theta_before": [], "theta_after": [], "phi": [], "results": []}
+    record["residuals"] = []  # each round's residual after its outer step (None without compression)
+
+    def residual():
+        kept = gm.reduce.error_feedback.residual if gm.reduce.error_feedback is not None else None
+        return None if kept is None else kept.clone()
+
     for round_ in range(rounds):
         drift(params, 0 if same_drift else rank, round_)
         record["theta_before"].append(flat(params))
@@ -73,8 +79,8 @@ def _run(
         record["theta_after"].append(flat(params))
         record["phi"].append(gm.phi.detach().clone())
         record["results"].append(result)
-    residual = gm.reduce.error_feedback.residual if gm.reduce.error_feedback is not None else None
-    record["residual"] = None if residual is None else residual.clone()
+        record["residuals"].append(residual())
+    record["residual"] = residual()
     gm.settle()
     record["settled_theta"], record["settled_phi"] = flat(params), gm.phi.detach().clone()
     return record
@@ -141,28 +147,31 @@ def test_compressed_outer_step_applies_the_ring_mean_within_its_bound(runs, worl
     assert [r["world_size"] for r in records] == [world_size] * world_size
     workers = [r[compression] for r in records]
     largest = 0.0
-    residuals = [torch.zeros(NUMEL, dtype=torch.float64) for _ in workers]
     for round_ in range(ROUNDS):
         phi_before = workers[0]["phi0"] if round_ == 0 else workers[0]["phi"][round_ - 1]
         for w in workers[1:]:
             assert torch.equal(w["phi"][round_], workers[0]["phi"][round_])  # every worker applies the same bytes
-        # With lr 1 and no momentum φ ← φ − mean(Δ + e): the compensated inputs are the drifted Δ plus residuals,
-        # which the parent does not see, so bound against the uncompensated mean with the residual's own bound.
-        inputs = torch.stack([phi_before.double() - w["theta_before"][round_].double() for w in workers])
-        exact = phi_before.double() - inputs.mean(0)
+        # With lr 1 and no momentum φ ← φ − ring mean of the compensated inputs x_w = Δ_w + e_w (each worker's
+        # residual from the round before, recorded): within the ring's bound of their exact mean, element by element,
+        # with nothing added for the residuals.
+        carried = [torch.zeros(NUMEL) if round_ == 0 else w["residuals"][round_ - 1] for w in workers]
+        inputs = torch.stack(
+            [phi_before.double() - w["theta_before"][round_].double() + e.double() for w, e in zip(workers, carried)]
+        )
         got = workers[0]["phi"][round_].double()
-        abs_sum = inputs.abs().sum(0) + sum(r.abs() for r in residuals)
-        bound = ring_error_bound(abs_sum.float(), world_size, bits=bits, block_size=BLOCK).double()
-        # The residuals carried in from the last round are at most one half step of each worker's quantizations.
-        carried = sum(r.abs() for r in residuals) / world_size
-        error = (got - exact).abs()
-        assert (error <= bound + carried + 1e-7).all(), (error - bound - carried).max()
+        error = (got - (phi_before.double() - inputs.mean(0))).abs()
+        bound = ring_error_bound(inputs.abs().sum(0).float(), world_size, bits=bits, block_size=BLOCK).double()
+        assert (error <= bound + 1e-7).all(), (error - bound).max()
         largest = max(largest, error.max().item())
+        # Error feedback: what every worker's quantizations dropped is its new residual, so the residuals and M
+        # times the mean that was applied add up to the inputs (ring.py's docstring).
+        applied = phi_before.double() - got
+        kept = sum(w["residuals"][round_].double() for w in workers)
+        assert (kept + world_size * applied - inputs.sum(0)).abs().max() <= 1e-5
         for w in workers:
             result = w["results"][round_]
             assert result.payload_bytes == wire_bytes(NUMEL, bits=bits, block_size=BLOCK)
             assert torch.equal(w["theta_after"][round_], w["phi"][round_])
-        residuals = [torch.full((NUMEL,), float(bound.max()) * world_size, dtype=torch.float64) for _ in workers]
     assert largest > 1e-5  # it really was quantized
     assert all(w["residual"] is not None and w["residual"].abs().max() > 0 for w in workers)
 
@@ -186,10 +195,10 @@ def test_error_feedback_loses_nothing_across_rounds_in_the_outer_step(runs, worl
 # ---- overlap (eager updates) ----
 
 
-def _eager_reference(records, *, lr=LR, momentum=MOMENTUM, nesterov=True, local_weight=None):
+def _eager_reference(records, *, lr=LR, momentum=MOMENTUM, nesterov=True, local_weight=None, means=None):
     """The eager update with one torch SGD per worker on its own outer parameters (float64):
     Δ̃_t^m = Δ_(t−1) + λ (Δ_t^m − Δ_(t−1)^m), Δ_t^m measured from the worker's own start point; λ = 1 / M is Kale
-    et al.'s."""
+    et al.'s. `means[t]`: the average Δ_t that arrived (a compressed ring's), instead of the exact one."""
     num_workers = len(records)
     weight = 1 / num_workers if local_weight is None else local_weight
     params = [records[0]["phi0"].double().clone().requires_grad_() for _ in range(num_workers)]
@@ -202,7 +211,7 @@ def _eager_reference(records, *, lr=LR, momentum=MOMENTUM, nesterov=True, local_
         for m in range(num_workers):
             params[m].grad = previous_mean + (deltas[m] - previous[m]) * weight
             optimizers[m].step()
-        previous, previous_mean = deltas, torch.stack(deltas).mean(0)
+        previous, previous_mean = deltas, torch.stack(deltas).mean(0) if means is None else means[round_]
         starts.append([p.detach().clone() for p in params])
     return starts
 
