@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 PYTEST_ARGS ?= --durations=25
 
-.PHONY: install test test-slow test-all quality style demo clean gpu-check
+.PHONY: install test test-slow test-all quality style demo demo-report clean gpu-check
 
 install: $(VENV)/.installed
 
@@ -43,6 +43,10 @@ style: install
 demo: install
 	$(BIN)/accelerate launch --config_file accelerate_configs/cpu_4_workers.yaml \
 		recipes/pretrain_c4.py --config recipes/configs/demo.yaml
+
+# The demo again (into a fresh outputs/demo/), then the README's numbers from it: docs/demo_run.json and .png.
+demo-report: install
+	$(BIN)/python -m recipes.benchmarks.demo_report
 
 clean:
 	rm -rf outputs .pytest_cache .ruff_cache build *.egg-info

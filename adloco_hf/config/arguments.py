@@ -119,6 +119,8 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             `CPU_AUTO_MAX_BATCH_SIZE` (32).
         batch_size_cap (`int`, *optional*):
             Upper bound on the per-worker request (default: unbounded, but never more than a worker's data shard).
+            Switch mode accumulates only requests above `switch_threshold` × `max_batch_size`; with a cap between
+            `max_batch_size` and that, every larger request runs as `max_batch_size` samples (a warning says so).
         batch_size_smoothing (`float`, *optional*, defaults to `0.5`):
             β in [0, 1) of the moving averages across rounds of tr Σ̂ and ‖∇F‖² (kept separately; the norm test
             reads their ratio). `0` uses each round's statistics alone (the paper).
@@ -131,7 +133,9 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             `"clamp"` the estimate at 0 (the paper: a jump to B / η²).
         batch_size_shrink (`bool`, *optional*, defaults to `False`):
             Let a request fall, when the test asks for less than `shrink_hysteresis` × it (never below
-            `batch_size_floor`). The paper's requests never shrink.
+            `batch_size_floor`). The paper's requests never shrink. Either way, a merge with
+            `merge_batch_rule="preserve_total"` lowers the per-worker request of an instance that gains workers (it
+            keeps the instance's total batch).
         shrink_hysteresis (`float`, *optional*, defaults to `0.5`):
             See `batch_size_shrink`; in (0, 1].
         batch_size_floor (`int`, *optional*):
@@ -157,7 +161,8 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             See `inner_steps_rule`.
         switch_threshold (`float`, *optional*, defaults to `2.0`):
             γ ≥ 1 of switch mode: gradient accumulation starts once the request exceeds γ × `max_batch_size`;
-            between `max_batch_size` and that, the request is capped at `max_batch_size`.
+            between `max_batch_size` and that, the request is capped at `max_batch_size` (runs as that many
+            samples). `1.0` accumulates every request above `max_batch_size`.
         lr_batch_scaling (`str`, *optional*, defaults to `"none"`):
             How the inner learning rate follows the batch a worker really uses, relative to
             `per_device_train_batch_size`: `"none"` (the paper), `"sqrt"` (× √(b / b₀), the rule for AdamW: a

@@ -13,6 +13,7 @@ Every field of `TrainingArguments` (transformers 5.23) was checked against what 
 | `gradient_accumulation_steps`, `average_tokens_across_devices`, `ignore_data_skip`, `dataloader_num_workers`, `load_best_model_at_end`, epoch strategies | refused | (`config/checks.py`: `check_adloco`, `check_schedule`) |
 | `torch_compile` (and its backend/mode) | warned | runs, but changing batch shapes recompile: 100 s instead of 9 s for 40 steps |
 | `ddp_find_unused_parameters`, `ddp_bucket_cap_mb`, `ddp_broadcast_buffers`, `ddp_static_graph` | warned | no DDP |
+| AdLoCo's `batch_size_cap` in (`max_batch_size`, `switch_threshold` × `max_batch_size`] | warned | switch mode runs those requests as `max_batch_size`: nothing accumulates |
 | `use_cpu` unset with `WORLD_SIZE > 1` and no GPU | set | (`AdLoCoConfig._form_cpu_world`) |
 
 Everything else works as in the Trainer (precision, optimizers and schedules, gradient checkpointing, logging,
@@ -29,6 +30,7 @@ from ..common.console import get_logger
 __all__ = [
     "has_distributed_accelerator",
     "refuse_what_adloco_cannot_honour",
+    "warn_about_a_cap_switch_mode_never_reaches",
     "warn_about_what_works_badly",
     "warn_once",
 ]
@@ -114,9 +116,29 @@ def warn_about_what_works_badly(args) -> None:
             "micro-batches), which makes torch.compile recompile (measured: 100 s instead of 9 s for 40 steps of a "
             "small model). Leave it off for short runs."
         )
+    warn_about_a_cap_switch_mode_never_reaches(args)
     for name in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph"):
         if getattr(args, name) is not None and getattr(args, "processes_per_worker", 1) == 1:
             warn_once(
                 f"{name}={getattr(args, name)} has no effect: AdLoCo workers train without DDP (it applies inside a "
                 "worker with processes_per_worker > 1)."
             )
+
+
+def warn_about_a_cap_switch_mode_never_reaches(args) -> None:
+    """A `batch_size_cap` above `max_batch_size` but at most `switch_threshold` × it: switch mode runs every request
+    above `max_batch_size` as `max_batch_size` samples (`batch.switch_mode.plan_batch`), so the cap works as
+    `max_batch_size` and nothing is ever accumulated. Per worker: G processes run G × `max_batch_size`."""
+    cap, limit = args.batch_size_cap, args.max_batch_size
+    if cap is None or isinstance(limit, str):
+        return
+    g = getattr(args, "processes_per_worker", 1)
+    fits, switch = g * limit, g * args.switch_threshold * limit
+    if fits < cap <= switch:
+        warn_once(
+            f"batch_size_cap={cap} with max_batch_size={limit} and switch_threshold={args.switch_threshold}: switch "
+            f"mode runs a request of {fits + 1} to {switch:g} samples per worker as {fits} (it accumulates only above "
+            f"switch_threshold × max_batch_size = {switch:g}), so no request up to the cap is accumulated and every "
+            f"worker's batch stays at most {fits}. Raise batch_size_cap above {switch:g} to let switch mode "
+            f"accumulate, or set switch_threshold=1.0 to accumulate every request above {fits}."
+        )

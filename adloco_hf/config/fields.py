@@ -109,7 +109,13 @@ class BatchFields:
     max_batch_size: str = field(
         default="auto", metadata={"help": "Largest micro-batch per worker: an integer or 'auto'."}
     )
-    batch_size_cap: int | None = field(default=None, metadata={"help": "Upper bound on the per-worker request."})
+    batch_size_cap: int | None = field(
+        default=None,
+        metadata={
+            "help": "Upper bound on the per-worker request (set it; above switch_threshold × max_batch_size for "
+            "switch mode to accumulate)."
+        },
+    )
     batch_size_smoothing: float = field(
         default=0.5, metadata={"help": "β of the moving averages of the gradient statistics (0: one round)."}
     )
@@ -155,7 +161,13 @@ class BatchFields:
     outer_noise_theta: float = field(
         default=0.5, metadata={"help": "H doubles while the outer noise is at most this squared."}
     )
-    switch_threshold: float = field(default=2.0, metadata={"help": "γ of switch mode (≥ 1)."})
+    switch_threshold: float = field(
+        default=2.0,
+        metadata={
+            "help": "γ ≥ 1 of switch mode: a request above max_batch_size but at most γ × it runs as max_batch_size "
+            "samples, a larger one whole as accumulated micro-batches."
+        },
+    )
     lr_batch_scaling: str = field(
         default="none",
         metadata={

@@ -237,6 +237,7 @@ def plan_merge(
     num_workers: int,
     batch_rule: str = "paper",
     processes_per_worker: int = 1,
+    cap: int | None = None,
 ) -> MergePlan:
     """Choose a pair, weigh it by demand, and redistribute the workers over the remaining instances.
 
@@ -244,7 +245,9 @@ def plan_merge(
     by the ratio of its workers (the paper's code). `"preserve_total"`: every instance keeps its total batch
     (request × workers before the merge; the survivor's for the merged one), and its per-worker request becomes
     ⌈total / workers after⌉: the tests ask for a total, and a merge adds workers, not noise. With
-    `processes_per_worker` = G > 1 that request is rounded up to a multiple of G (each process draws 1/G of it).
+    `processes_per_worker` = G > 1 that request is rounded up to a multiple of G (each process draws 1/G of it). An
+    instance that loses workers would see its request rise: `cap` (the controller's, a multiple of G) bounds that
+    rise as it bounds the tests' growth (a request already above it is kept, never lowered).
     """
     if batch_rule not in MERGE_BATCH_RULES:
         raise ValueError(f"unknown merge_batch_rule {batch_rule!r}; choose one of {MERGE_BATCH_RULES}")
@@ -270,9 +273,10 @@ def plan_merge(
     if batch_rule == "preserve_total":
         totals = {inst.id: inst.batch_size * len(inst.workers) for inst in instances}
         g = processes_per_worker
-        after = [
-            replace(inst, batch_size=g * max(1, math.ceil(totals[inst.id] / len(inst.workers) / g))) for inst in after
-        ]
+        requests = {inst.id: g * max(1, math.ceil(totals[inst.id] / len(inst.workers) / g)) for inst in after}
+        if cap is not None:
+            requests = {i: min(request, max(cap, table[i].batch_size)) for i, request in requests.items()}
+        after = [replace(inst, batch_size=requests[inst.id]) for inst in after]
     return MergePlan(
         survivor=survivor.id,
         merged=merged.id,

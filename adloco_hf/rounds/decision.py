@@ -145,6 +145,7 @@ def decide_round(
             num_workers=len(reports) // g,
             batch_rule=rules.merge_batch_rule,
             processes_per_worker=g,
+            cap=controller.cap,
         )
         warnings = merge_warnings(merge, outer_step=outer_step)
         decided = list(merge.after)

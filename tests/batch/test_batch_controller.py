@@ -2,6 +2,7 @@
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from helpers import round_rules
@@ -163,3 +164,25 @@ def test_decide_round_carries_the_averages_and_reports_the_noise_scale():
     assert second.instances[0].noise.mean_signal == pytest.approx((0.5 * 2.0 + 1.0 * -5.0) / 1.5)  # ≤ 0 now
     assert second.instances[0].batch_size == first.instances[0].batch_size  # kept
     assert second.lines[0].noise_scale is None
+
+
+def test_preserve_total_never_lifts_a_request_above_the_cap_when_an_instance_loses_workers():
+    """9 workers, merge_policy="largest_smallest": merging 0 into 1 gives the survivor 8 seats by demand, so instance 2
+    goes from 2 workers to 1; its total 2 × 19 = 38 would make its request 38 per worker, above the cap of 32 (a
+    request already above the cap is kept, as the tests keep it)."""
+    instances = [Instance(0, (0,), 19), Instance(1, (1, 2, 3, 5, 6, 8), 31), Instance(2, (4, 7), 19)]
+    instances = [replace(i, demand=float(i.batch_size * len(i.workers))) for i in instances]
+    plan = dict(policy="largest_smallest", num_workers=9, batch_rule="preserve_total")
+    uncapped = {i.id: (len(i.workers), i.batch_size) for i in plan_merge(instances, **plan).after}
+    assert uncapped[2] == (1, 38)
+    capped = {i.id: (len(i.workers), i.batch_size) for i in plan_merge(instances, **plan, cap=32).after}
+    assert capped == {**uncapped, 2: (1, 32)}
+    above = [replace(instances[2], batch_size=36) if i.id == 2 else i for i in instances]
+    assert {i.id: i.batch_size for i in plan_merge(above, **plan, cap=32).after}[2] == 36
+    # The round's decision passes the config's cap on (no statistics: every request stays, then the merge).
+    rules = round_rules(
+        batch_size_test="none", max_batch_size=64, merge_every=1, merge_policy="largest_smallest", batch_size_cap=32
+    )
+    reports = [_report(next(i.id for i in instances if w in i.workers)) for w in range(9)]
+    decision = decide_round(instances, reports, outer_step=1, global_step=5, rules=rules)
+    assert {i.id: (len(i.workers), i.batch_size) for i in decision.instances}[2] == (1, 32)

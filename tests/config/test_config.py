@@ -1,4 +1,5 @@
 import logging
+import types
 
 import pytest
 from transformers import HfArgumentParser
@@ -141,6 +142,8 @@ def adloco_records(records):
         (dict(torch_compile_mode="reduce-overhead"), "torch_compile=True"),
         (dict(ddp_find_unused_parameters=False), "ddp_find_unused_parameters"),
         (dict(ddp_bucket_cap_mb=25), "ddp_bucket_cap_mb"),
+        # switch mode runs requests of 9 to 16 as 8 and accumulates only above 16: this cap never accumulates
+        (dict(batch_size_cap=16, max_batch_size=8), "batch_size_cap=16 with max_batch_size=8"),
     ],
 )
 def test_options_that_work_badly_or_not_at_all_warn_once(tmp_path, adloco_records, kwargs, words):
@@ -150,8 +153,22 @@ def test_options_that_work_badly_or_not_at_all_warn_once(tmp_path, adloco_record
     assert len(warnings) == 1, [r.getMessage() for r in adloco_records.records]
 
 
+def test_the_cap_warning_counts_a_worker_s_processes(adloco_records):
+    # G = 2 processes of at most 4 samples: a worker runs 8 at once and accumulates only above 16.
+    settings = dict(max_batch_size=4, switch_threshold=2.0, processes_per_worker=2)
+    compat.warn_about_a_cap_switch_mode_never_reaches(types.SimpleNamespace(batch_size_cap=8, **settings))
+    assert not adloco_records.records
+    compat.warn_about_a_cap_switch_mode_never_reaches(types.SimpleNamespace(batch_size_cap=12, **settings))
+    (warning,) = adloco_records.records
+    assert "of 9 to 16 samples per worker as 8" in warning.getMessage()
+
+
 def test_plain_options_do_not_warn(tmp_path, adloco_records):
     make(tmp_path, gradient_checkpointing=True, neftune_noise_alpha=5.0, label_smoothing_factor=0.1)
+    # caps that switch mode reaches: within max_batch_size, above switch_threshold × it, or accumulating from 9
+    make(tmp_path, batch_size_cap=8, max_batch_size=8)
+    make(tmp_path, batch_size_cap=17, max_batch_size=8)
+    make(tmp_path, batch_size_cap=16, max_batch_size=8, switch_threshold=1.0)
     assert not [r for r in adloco_records.records if r.name.startswith("adloco_hf")]
 
 
