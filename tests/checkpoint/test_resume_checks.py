@@ -66,17 +66,36 @@ def attempt(tmp_path, name, checkpoint, model=None, **changes):
     return {**item, "dropout": DROPOUT, **({"model": model} if model else {})}
 
 
-def test_a_resume_with_changed_run_settings_is_refused_before_training(tmp_path, stopped_run):
+@pytest.fixture(scope="module")
+def resume_attempts(tmp_path_factory, stopped_run):
+    """Every resume attempt of the two tests below, in one launch: (tmp folder, {name: results}, output)."""
+    root = tmp_path_factory.mktemp("attempts")
     checkpoint = os.path.join(stopped_run, "checkpoint-10")
+
+    def damaged(name, damage):
+        copy = str(root / "checkpoints" / name)
+        shutil.copytree(checkpoint, copy)
+        damage(copy)
+        return copy
+
     attempts = [
-        attempt(tmp_path, "inner_steps", checkpoint, inner_steps=4, save_steps=8),
-        attempt(tmp_path, "num_instances", checkpoint, num_instances=1),
+        attempt(root, "inner_steps", checkpoint, inner_steps=4, save_steps=8),
+        attempt(root, "num_instances", checkpoint, num_instances=1),
         # Two heads of 16 instead of four of 8, one key/value head instead of two: every tensor keeps its shape.
-        attempt(tmp_path, "heads", checkpoint, model={"num_attention_heads": 2, "num_key_value_heads": 1}),
+        attempt(root, "heads", checkpoint, model={"num_attention_heads": 2, "num_key_value_heads": 1}),
         # Safe to change: the learning rate (warned: the checkpoint's schedule goes on) and the save cadence.
-        attempt(tmp_path, "learning_rate", checkpoint, learning_rate=1e-2, save_steps=15),
+        attempt(root, "learning_rate", checkpoint, learning_rate=1e-2, save_steps=15),
+        attempt(root, "model", damaged("model", lambda c: truncate(os.path.join(c, "model.safetensors")))),
+        attempt(root, "deleted", damaged("deleted", lambda c: os.remove(os.path.join(c, "adloco", "rank-1.pt")))),
+        # Last: before the manifest, rank 1 failed alone while rank 0 went on training (and waited for it).
+        attempt(root, "rank", damaged("rank", lambda c: truncate(os.path.join(c, "adloco", "rank-1.pt")))),
     ]
-    results, output = try_resumes(tmp_path, attempts)
+    results, output = try_resumes(root, attempts)
+    return root, results, output
+
+
+def test_a_resume_with_changed_run_settings_is_refused_before_training(resume_attempts):
+    root, results, output = resume_attempts
     expected = {
         "inner_steps": "inner_steps was 5 in the checkpoint, is 4 now",
         "num_instances": "num_instances was 2 in the checkpoint, is 1 now",
@@ -87,30 +106,18 @@ def test_a_resume_with_changed_run_settings_is_refused_before_training(tmp_path,
             assert not result["accepted"], (name, result)
             assert result["value_error"] and text in result["message"], (name, result)
             assert "checkpoint-10" in result["message"]
-        assert not os.path.exists(os.path.join(tmp_path, name, "adloco_rounds.jsonl"))  # refused before training
+        assert not os.path.exists(os.path.join(root, name, "adloco_rounds.jsonl"))  # refused before training
     assert "num_key_value_heads was 2 in the checkpoint, is 1 now" in results["heads"][0]["message"]
 
     assert all(result["accepted"] for result in results["learning_rate"]), results["learning_rate"]
     assert "learning_rate=0.01 differs from the checkpoint's 0.003" in output
     # This run's save_steps (15), not the checkpoint's (10) from trainer_state.json, decides where checkpoints land.
-    names = os.listdir(tmp_path / "learning_rate")
+    names = os.listdir(root / "learning_rate")
     assert "checkpoint-15" in names and "checkpoint-30" in names and "checkpoint-20" not in names
 
 
-def test_a_damaged_checkpoint_is_refused_with_an_error_naming_the_file(tmp_path, stopped_run):
-    def damaged(name, damage):
-        copy = str(tmp_path / "checkpoints" / name)
-        shutil.copytree(os.path.join(stopped_run, "checkpoint-10"), copy)
-        damage(copy)
-        return copy
-
-    attempts = [
-        attempt(tmp_path, "model", damaged("model", lambda c: truncate(os.path.join(c, "model.safetensors")))),
-        attempt(tmp_path, "deleted", damaged("deleted", lambda c: os.remove(os.path.join(c, "adloco", "rank-1.pt")))),
-        # Last: before the manifest, rank 1 failed alone while rank 0 went on training (and waited for it).
-        attempt(tmp_path, "rank", damaged("rank", lambda c: truncate(os.path.join(c, "adloco", "rank-1.pt")))),
-    ]
-    results, _ = try_resumes(tmp_path, attempts, timeout=240)
+def test_a_damaged_checkpoint_is_refused_with_an_error_naming_the_file(resume_attempts):
+    root, results, _ = resume_attempts
     for name, file, problem in (
         ("model", "model.safetensors", "bytes but"),
         ("rank", os.path.join("adloco", "rank-1.pt"), "bytes but"),
@@ -119,7 +126,7 @@ def test_a_damaged_checkpoint_is_refused_with_an_error_naming_the_file(tmp_path,
         first, second = results[name]
         assert not first["accepted"] and first["value_error"], (name, first)
         assert first == second, (name, results[name])  # one message, the same on every worker
-        path = os.path.join(tmp_path, "checkpoints", name, file)
+        path = os.path.join(root, "checkpoints", name, file)
         assert f"{path} " in first["message"] and problem in first["message"], (name, first)
         assert "resume with" not in first["message"]  # no advice to change the number of processes
 
