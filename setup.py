@@ -25,6 +25,13 @@ setup(
     name="adloco_hf",
     version="0.1.0",
     description="AdLoCo (adaptive-batch, multi-instance DiLoCo) for the Hugging Face Trainer",
+    url="https://github.com/adloco-hf/adloco_hf",  # the repository the model cards link to (outputs/model_card.py)
+    project_urls={
+        "Source": "https://github.com/adloco-hf/adloco_hf",
+        "Documentation": "https://github.com/adloco-hf/adloco_hf/tree/main/docs",
+        "Issues": "https://github.com/adloco-hf/adloco_hf/issues",
+        "Paper": "https://arxiv.org/abs/2508.18182",
+    },
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",

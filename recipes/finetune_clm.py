@@ -125,7 +125,8 @@ def load_documents(script_args: ScriptArguments) -> datasets.Dataset:
 
 
 def data_label(script_args: ScriptArguments) -> str:
-    return script_args.dataset_name or " ".join(script_args.dataset_files or [])
+    """The data as the user named it: the dataset (a Hub id, a local file or folder), else the local files."""
+    return script_args.dataset_name or ", ".join(script_args.dataset_files or [])
 
 
 def build_parser() -> HfArgumentParser:
@@ -225,9 +226,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     metric = evaluate.load(PERPLEXITY_METRIC, keep_in_memory=True) if is_main else None
     before = eval_perplexity(trainer, lm_datasets["eval"], metric)
+    # merged/'s card names the data and shows the perplexity before fine-tuning beside the one after (the model it
+    # started from is the model's own: its Hub id, or the local folder in the card on disk).
+    trainer.card_details.dataset = data_label(script_args)
+    if is_main:
+        trainer.card_details.metrics_before = {"perplexity": before["perplexity"], "loss": before["loss"]}
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     # Training ends with the merged model on every worker, also saved to `{output_dir}/merged/`.
     after = eval_perplexity(trainer, lm_datasets["eval"], metric)
+    if is_main:  # the same eval set as `before`, measured the same way: the card's "after" (rank 0 writes it)
+        trainer.record_merged_metrics(
+            {"eval_merged_perplexity": after["perplexity"], "eval_merged_loss": after["loss"]}
+        )
 
     # ---- save & push ----
     trainer.save_state()

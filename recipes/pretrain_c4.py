@@ -54,7 +54,7 @@ from adloco_hf.data import (
     load_or_train_tokenizer,
     load_text_corpus,
 )
-from adloco_hf.outputs.plotting import plot_run
+from adloco_hf.outputs.plotting import PLOT_FILE
 from adloco_hf.outputs.report import format_summary, summarize_run
 from adloco_hf.presets import MODEL_PRESETS, build_model
 
@@ -127,9 +127,6 @@ class ScriptArguments:
     tokenizer_documents: int = field(
         default=10_000,
         metadata={"help": "With --streaming: the first N documents a trained tokenizer learns from (cached)."},
-    )
-    plot: bool = field(
-        default=True, metadata={"help": "Write adloco_run.png (batch sizes, instances, losses) at the end."}
     )
 
 
@@ -277,6 +274,9 @@ def main(argv: list[str] | None = None) -> None:
         processing_class=tokenizer,
         data_collator=default_data_collator,
     )
+    # The cards name the data: local shards (in C4's schema) by their paths, else the dataset (a Hub id, a corpus).
+    local = [path for path in script_args.dataset_files or [] if os.path.isfile(path)]
+    trainer.card_details.dataset = ", ".join(local) or script_args.dataset_name
     result = trainer.train(resume_from_checkpoint=resolve_checkpoint(training_args))
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
@@ -290,8 +290,9 @@ def main(argv: list[str] | None = None) -> None:
     if is_main:
         logger.info("merged model: %s", os.path.join(training_args.output_dir, "merged"))
         print(format_summary(summarize_run(training_args.output_dir)))
-        if script_args.plot:
-            print(f"wrote {plot_run(training_args.output_dir)}")
+        plot = os.path.join(training_args.output_dir, PLOT_FILE)
+        if os.path.isfile(plot):  # drawn at the end of training, and shown in merged/'s card
+            print(f"plot: {plot}")
 
 
 if __name__ == "__main__":

@@ -7,18 +7,24 @@ sets the `transformers` level from `log_level` on the main process and `log_leve
 `log_level="passive"` the level is `transformers.logging.set_verbosity_*`'s (warnings only). The handler (stderr),
 `transformers.logging.enable_explicit_format()` and `enable_propagation()` (to reach your own root handlers) apply too.
 
+**Lines left out.** [`leave_out_lines`] drops, inside a block, the lines of one logger that start with given words:
+the trainer uses it for the Trainer's banner lines that do not hold for AdLoCo, and for the warnings every worker
+would print alike (`trainer/console.py`).
+
 **Progress bar.** tqdm estimates the time left from the speed of past steps. A round that grows a batch makes the
 next steps slower, and that estimate would promise an early finish: [`restart_rate_estimate`] makes it start again
 from the steps that follow.
 """
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 from tqdm.std import EMA
 from transformers.utils import logging as hf_logging
 
 
-__all__ = ["PACKAGE_LOGGER", "get_logger", "restart_rate_estimate"]
+__all__ = ["PACKAGE_LOGGER", "get_logger", "leave_out_lines", "restart_rate_estimate"]
 
 PACKAGE_LOGGER = "adloco_hf"
 
@@ -31,6 +37,32 @@ def get_logger(name: str) -> logging.Logger:
         package.parent = library
         package.setLevel(logging.NOTSET)  # inherit transformers' level (this also clears logging's level caches)
     return hf_logging.get_logger(name)
+
+
+class _LeaveOut(logging.Filter):
+    def __init__(self, starts: tuple[str, ...]):
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.starts)
+
+
+@contextlib.contextmanager
+def leave_out_lines(lines: dict[str, tuple[str, ...]]) -> Iterator[None]:
+    """Inside the block, drop the records of each named logger whose message starts with one of its strings.
+
+    A logger's filters see only the records logged on it (not its children's), so each name is the logger that
+    logs the lines (`"transformers.trainer"`). Lines whose wording changes in another version are printed again.
+    """
+    filters = [(logging.getLogger(name), _LeaveOut(tuple(starts))) for name, starts in lines.items() if starts]
+    for logger, dropped in filters:
+        logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        for logger, dropped in filters:
+            logger.removeFilter(dropped)
 
 
 def restart_rate_estimate(bar, step: int) -> None:

@@ -14,13 +14,13 @@ __all__ = ["merge_record", "round_logs", "round_message", "run_summary"]
 
 
 def run_summary(state: AdLoCoState, world_size: int, processes_per_worker: int = 1) -> dict[str, Any]:
-    """The run in a few numbers, for model cards (`world_size`: the processes of the launch)."""
+    """The run in a few numbers, for model cards (`world_size`: the processes of the launch). The requests for a next
+    round are left out: no step ran them (a card adds the batch that ran, from the rounds file)."""
     summary = {
         "rounds": state.rounds,
         "inner steps": state.last_round_step,
         "workers": world_size // processes_per_worker,
         "instances at the end": state.num_instances,
-        "final per-worker batch sizes": dict(state.batch_sizes),
         "merges": state.merges,
         "tokens": state.tokens,
         "bytes communicated": state.comm_bytes,

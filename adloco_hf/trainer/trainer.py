@@ -25,14 +25,16 @@ from ..common.console import restart_rate_estimate
 from ..common.inputs import batch_length, count_tokens
 from ..config.arguments import AdLoCoConfig
 from ..evaluation.evaluate import evaluate_instances
+from ..outputs.earlier_run import warn_about_earlier_run
 from ..outputs.hub import MergedModelHubMixin
-from ..rounds.messages import round_logs
+from ..rounds.messages import round_logs, round_message
 from ..rounds.state import AdLoCoState, RoundResult
 from ..sampling.sampler import AdaptiveBatchSampler
 from ..sampling.stream_sampler import AdaptiveStreamSampler
 from ..worker.core import Worker
 from ..worker.preemption import TrainingPreempted
 from .callback import AdLoCoCallback
+from .console import quiet_console, show_round_line, use_round_console
 from .inner_step import accumulate, no_sync, probe_step, worker_ddp
 from .loaders import train_loader
 from .merge_folders import save_global_weights_folder, save_merge
@@ -97,6 +99,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         # synchronised weights and the round's totals.
         events = AdLoCoCallback(start=self._start_rounds, step_end=self._maybe_end_round, end=self._finish_rounds)
         self.callback_handler.callbacks.insert(1, events)
+        use_round_console(self.callback_handler)  # a round prints one line, not its adloco/* dict (console.py)
 
     @property
     def adloco_state(self) -> AdLoCoState:
@@ -149,7 +152,10 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         if self.args.include_num_input_tokens_seen != "no":
             self.state.num_input_tokens_seen = self.worker.totals.tokens
         if self.args.logging_strategy != "no":
-            self.log(round_logs(result.lines, self.worker.state, self.worker.instances))
+            self.log(round_logs(result.lines, self.worker.state, self.worker.instances))  # for report_to
+            message = round_message(result.lines, len(self.worker.instances), result.merge and result.merge.plan)
+            level = logging.WARNING if any(line.skipped for line in result.lines) else logging.INFO
+            show_round_line(self.callback_handler, self.is_world_process_zero(), message, level)
         if result.merge is not None or any(line.next_batch_size != line.batch_size for line in result.lines):
             self._restart_progress_estimate()
 
@@ -170,16 +176,21 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         self.save_merged_model()
         if self.eval_dataset is not None and self.args.eval_strategy != "no":
             self.record_merged_metrics(self.evaluate(metric_key_prefix="eval_merged"))  # into the merged cards
+        self.draw_run_plot()  # rank 0: this run's plot, from its rounds file, into the merged cards
         if self.args.push_to_hub:
             self.push_at_end_of_training()  # a failure is raised by train() once every callback saw the end
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`; raises [`TrainingPreempted`] naming the checkpoint written when SIGTERM/SIGINT stopped it.
-        The checkpoint to resume from is verified first; `True` takes the newest intact one (`checkpoint/manifest.py`)."""
-        self._preempted_at = None
+        The checkpoint to resume from is verified first; `True` takes the newest intact one (`checkpoint/manifest.py`).
+        Another run's checkpoints or merges in `output_dir` are named in a warning (`outputs/earlier_run.py`)."""
+        self._preempted_at, self._run_plot = None, None
         resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
         check_workers_for_instances(self.args, self.worker, resume_from_checkpoint)
-        output = super().train(resume_from_checkpoint, *args, **kwargs)
+        if self.is_world_process_zero():
+            warn_about_earlier_run(self.args.output_dir, resume_from_checkpoint)
+        with quiet_console(self.is_world_process_zero()):  # the banner's true lines, warnings once
+            output = super().train(resume_from_checkpoint, *args, **kwargs)
         if self._preempted_at is not None:
             checkpoint = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self._preempted_at}")
             raise TrainingPreempted(

@@ -110,11 +110,17 @@ class WorkerStart:
         )
         if resume is not None and resume.get("elastic") is not None:
             self._log_elastic(resume["elastic"], global_step)
-        workers = f"{self.num_workers} workers" + (
+        workers = f"{self.num_workers} worker{'s' * (self.num_workers != 1)}" + (
             f" of {self.processes_per_worker} processes" if self.processes_per_worker > 1 else ""
         )
+        # The Trainer's banner keeps its true lines (steps, parameters); this one says the rest (trainer/console.py).
+        rounds = (
+            f"{-(-self.max_steps // self.inner_steps)} rounds" if self.args.inner_steps_rule == "fixed" else "rounds"
+        )
+        cap = f", at most {self.args.batch_size_cap}" if self.args.batch_size_cap else ""
+        instances = f"{len(self.instances)} instance{'s' * (len(self.instances) != 1)}"
         logger.info(
-            f"AdLoCo: {workers}, {len(self.instances)} instances, {self.args.inner_steps} inner "
-            f"steps per round, initial batch {self.args.per_device_train_batch_size} per worker, max micro-batch "
-            f"{self.max_batch_size}, batch-size test {self.args.batch_size_test}"
+            f"AdLoCo: {workers}, {instances}, max_steps {self.max_steps} in {rounds} of "
+            f"{self.inner_steps} inner steps, batch {self.args.per_device_train_batch_size} per worker at the start"
+            f"{cap} (batch-size test {self.args.batch_size_test}), micro-batches of at most {self.max_batch_size}"
         )

@@ -404,3 +404,9 @@ def test_the_first_example_of_the_readme_trains_on_cpu_workers(tmp_path):
     output = result.stdout + result.stderr
     assert os.path.isfile(tmp_path / "out" / "merged" / "model.safetensors")
     assert "round 2 (step 40)" in output  # the round line reaches the user's console at log_level="info"
+    # A quiet console: one line per round (its adloco/* dict goes to report_to only), a banner that holds (no
+    # sys.maxsize epochs), and the Trainer's PAD/BOS/EOS warning, the same on every worker, printed once.
+    assert output.count("round 1 (step 20)") == 1 and "{'adloco/" not in output
+    assert "9,223,372,036,854,775,807" not in output and "Num Epochs" not in output
+    assert "AdLoCo: 4 workers, 2 instances, max_steps 40 in 2 rounds of 20 inner steps" in output
+    assert output.count("The tokenizer has new PAD/BOS/EOS tokens") == 1

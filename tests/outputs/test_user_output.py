@@ -36,15 +36,28 @@ def round_lines(caplog):
 
 
 @pytest.mark.parametrize(("log_level", "shown"), [("info", True), ("warning", False)])
-def test_the_round_line_follows_log_level_like_the_trainers_lines(tmp_path, records, log_level, shown):
-    trainer = AdLoCoTrainer(
-        model=tiny_model(), args=config(tmp_path, log_level=log_level), train_dataset=sequence_dataset(64)
-    )
+@pytest.mark.parametrize("disable_tqdm", [True, False])
+def test_one_line_per_round_whatever_the_log_level(tmp_path, records, capsys, log_level, shown, disable_tqdm):
+    """The round's line is logged at INFO like the Trainer's lines; where that level does not show, the console
+    callback (the progress bar's, or the printer's with `disable_tqdm`) prints it instead of the round's `adloco/*`
+    dict, which reaches `report_to` only. The Trainer's banner keeps its true lines."""
+    args = config(tmp_path, log_level=log_level, disable_tqdm=disable_tqdm)
+    trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(64))
     trainer.train()
     lines = round_lines(records)
     assert len(lines) == (2 if shown else 0), [r.getMessage() for r in records.records]
     assert all(r.levelno == logging.INFO for r in lines)
     assert lines[0].getMessage().startswith("round 1 (step 6) | instances 1 | batch i0=") if shown else True
+    console = capsys.readouterr()
+    printed = [line for line in (console.out + console.err).splitlines() if "round " in line and "(step " in line]
+    assert len(printed) == (0 if shown else 2), console
+    assert "adloco/" not in console.out + console.err
+    assert [entry["adloco/round"] for entry in trainer.state.log_history if "adloco/round" in entry] == [1, 2]
+    banner = [r.getMessage() for r in records.records if r.name == "transformers.trainer"]
+    if shown:
+        assert "  Total optimization steps = 12" in banner and not any("Num Epochs" in line for line in banner)
+        start = next(r.getMessage() for r in records.records if r.getMessage().startswith("AdLoCo: "))
+        assert start.startswith("AdLoCo: 1 worker, 1 instance, max_steps 12 in 2 rounds of 6 inner steps"), start
 
 
 class PoisonAt(TrainerCallback):

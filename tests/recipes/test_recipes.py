@@ -272,8 +272,14 @@ def test_pretrain_recipe_with_two_workers(pretrained_run):
     tokenizer = AutoTokenizer.from_pretrained(merged)
     assert model.config.vocab_size == len(tokenizer) == 512
     assert (out / "adloco_run.png").stat().st_size > 10_000
+    # The card shows this run's plot (drawn by the library at the end of training) and names the corpus in its text.
+    assert (merged / "adloco_run.png").read_bytes() == (out / "adloco_run.png").read_bytes()
+    card = (merged / "README.md").read_text()
+    assert "](adloco_run.png)" in card and "Trained on `builtin:python-docs`." in card
+    assert "datasets:" not in card and "model-index" not in card  # the built-in corpus is no Hub dataset
     assert "AdLoCo run:" in output and "eval perplexity" in output
     assert "round 4 (step" in output  # the library's per-round line reaches the recipe's console on rank 0
+    assert output.count("round 4 (step") == 1 and "{'adloco/" not in output and "Num Epochs" not in output
 
 
 @pytest.mark.multiprocess
@@ -371,4 +377,9 @@ def test_finetune_recipe_lowers_perplexity(pretrained_run, tmp_path):
     assert math.isfinite(before) and math.isfinite(after)
     assert after < before, results
     assert (out / "merged" / "model.safetensors").is_file()
+    # The card: the perplexity before fine-tuning beside the one after, the model it started from, the data.
+    card = (out / "merged" / "README.md").read_text()
+    assert f"| perplexity | {before:.6g} | {after:.6g} |" in card, card
+    assert f"Training started from `{merged}`." in card and f"Trained on `{notes}`." in card
+    assert "base_model" not in card.split("---")[1]  # a local folder, no Hub repo
     assert AutoModelForCausalLM.from_pretrained(out / "merged").config.vocab_size == 512

@@ -186,7 +186,7 @@ def test_logs_message_summary_and_merge_record():
     assert "merged 1→0 (weights 0.67/0.33)" in message
     record = merge_record(decision.merge, 1)
     assert record["instances"] == [0, 1] and sum(record["weights"]) == pytest.approx(1.0)
-    assert run_summary(state, 2)["final per-worker batch sizes"] == {0: 4}
+    assert not any("batch" in key for key in run_summary(state, 2))  # the next requests never ran (cards: the used)
 
 
 def test_logs_tell_the_batch_used_in_the_round_from_the_next_request():

@@ -49,7 +49,8 @@ def test_lora_merged_folder_is_an_adapter_with_a_peft_card_whose_snippet_loads(t
     assert "model.safetensors" not in files  # only the adapter's weights travel and are saved
     card = (merged / "README.md").read_text()
     assert "library_name: peft" in card and "library_name: transformers" not in card
-    assert f"base_model: {tmp_path / 'base'}" in card
+    # The base was loaded from a local folder: no Hub repo to name in the metadata; the card on disk loads it from there.
+    assert "base_model" not in card.split("---")[1] and f'from_pretrained("{tmp_path / "base"}")' in snippet_of(card)
     assert "PeftModel.from_pretrained(base, " in snippet_of(card) and "path/or/repo" not in card
     # The card's snippet runs as written and gives back the trained adapter.
     scope: dict = {}
@@ -73,6 +74,7 @@ def test_lora_merged_folder_is_an_adapter_with_a_peft_card_whose_snippet_loads(t
     assert set(uploads) == {None, "merged-full"}
     assert "adapter_model.safetensors" in uploads[None] and "model.safetensors" in uploads["merged-full"]
     assert 'PeftModel.from_pretrained(base, "me/lora")' in uploads[None]["README.md"].decode()
+    assert not any(str(tmp_path) in files["README.md"].decode() for files in uploads.values())  # no local path
     assert 'from_pretrained("me/lora", subfolder="merged-full")' in uploads["merged-full"]["README.md"].decode()
 
     # merged-full/: the fused model, loadable without peft, equal to merge_and_unload of the trained model.
