@@ -89,6 +89,13 @@ class InstanceFields:
         default=False,
         metadata={"help": "For a PEFT adapter, also save it fused into its base under {output_dir}/merged-full/."},
     )
+    plot_run: bool = field(
+        default=True,
+        metadata={
+            "help": "At the end of training, draw {output_dir}/adloco_run.png from the rounds file (global rank 0, "
+            "about a second with matplotlib's import) and show it in the merged model's card."
+        },
+    )
     eval_merged_model: bool = field(
         default=False,
         metadata={"help": "While several instances train, also evaluate their final merge at every evaluation."},

@@ -336,6 +336,9 @@ class ModelCardMixin:
         if not self.is_world_process_zero():
             return None
         self._run_plot = None
+        if not self.args.plot_run:  # AdLoCoConfig.plot_run=False: the cards go without a plot
+            self.write_merged_cards()
+            return None
         try:
             self._run_plot = plot_run(self.args.output_dir)
         except Exception as error:  # noqa: BLE001 - the trained model is on disk; the plot is an extra

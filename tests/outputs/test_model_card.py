@@ -243,6 +243,14 @@ def test_a_run_into_an_earlier_runs_folder_is_warned_and_its_card_shows_its_own_
     assert not [r for r in records.records if "another run's" in r.getMessage()]
 
 
+def test_plot_run_false_draws_no_plot_and_the_card_shows_none(tmp_path):
+    out = tmp_path / "run"
+    short_run(out, save_strategy="no", plot_run=False).train()
+    assert (out / "merged" / "README.md").is_file()
+    assert not (out / PLOT_FILE).exists() and not (out / "merged" / PLOT_FILE).exists()
+    assert f"]({PLOT_FILE})" not in (out / "merged" / "README.md").read_text()
+
+
 def test_setup_py_names_the_repository_the_cards_link_to():
     tree = ast.parse(open(os.path.join(REPO, "setup.py"), encoding="utf-8").read())
     call = next(

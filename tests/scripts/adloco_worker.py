@@ -352,7 +352,14 @@ def main() -> None:
         os.makedirs(spec["probe_dir"], exist_ok=True)
         hub.get_hub_api = lambda token=None: FakeHubApi(log)
     args = AdLoCoConfig(
-        **{"use_cpu": True, "report_to": [], "disable_tqdm": True, "log_level": "warning", **spec["config"]}
+        **{
+            "use_cpu": True,
+            "report_to": [],
+            "disable_tqdm": True,
+            "log_level": "warning",
+            "plot_run": False,
+            **spec["config"],
+        }
     )
     assert dist.is_initialized() and dist.get_world_size() == spec["world_size"], dist.get_world_size()
     rank = dist.get_rank()

@@ -117,7 +117,14 @@ class Probe(TrainerCallback):
 def main() -> None:
     spec = json.loads(sys.argv[1])
     args = AdLoCoConfig(
-        **{"use_cpu": True, "report_to": [], "disable_tqdm": True, "log_level": "warning", **spec["config"]}
+        **{
+            "use_cpu": True,
+            "report_to": [],
+            "disable_tqdm": True,
+            "log_level": "warning",
+            "plot_run": False,
+            **spec["config"],
+        }
     )
     assert dist.is_initialized() and dist.get_world_size() == spec["world_size"], dist.get_world_size()
     rank = dist.get_rank()
