@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import time
 
 import pytest
@@ -314,6 +315,8 @@ def test_stop_and_resume_is_exact_with_compression_and_overlap(tmp_path, options
         assert (saved["error_feedback"] is not None and saved["error_feedback"]["residual"] is not None) == compressed
         assert (saved["pending"] is not None) == overlapped  # round 4's average, in flight when the save began
         assert (saved["eager"] is not None) == overlapped
+    if compressed and overlapped:
+        shutil.copytree(part, str(tmp_path / "elastic"))  # resumed on 3 workers below
     run_spec(spec_for(part, str(tmp_path / "p2"), config=config, resume=os.path.join(part, "checkpoint-20")))
     merged = merged_params(part)
     assert (merged - merged_params(full)).abs().max().item() <= 1e-6
@@ -325,3 +328,27 @@ def test_stop_and_resume_is_exact_with_compression_and_overlap(tmp_path, options
     if bits is not None:  # one instance of 2 workers: each sends bits/8 bytes a value plus one float32 per 32
         expected = 2 * wire_bytes(merged.numel(), bits=bits, block_size=32)
         assert [line["comm_bytes"] for line in after] == [expected] * len(after)
+    if compressed and overlapped:
+        check_elastic_resume_in_flight(tmp_path, config, merged.numel())
+
+
+def check_elastic_resume_in_flight(tmp_path, config, numel):
+    """The same checkpoint-20 (an int4 residual and an overlapped average in flight) resumed on 3 workers: the
+    average in flight is applied and each worker's eager offset and residual (its old ring's) dropped, so all three
+    workers of the one instance hold the same φ after every outer step (asserted inside the workers) and the run
+    completes."""
+    out = str(tmp_path / "elastic")
+    checkpoint = os.path.join(out, "checkpoint-20")
+    saved = torch.load(os.path.join(checkpoint, "adloco", "rank-0.pt"), weights_only=True)["global_model"]
+    spec = spec_for(out, str(tmp_path / "p3"), world_size=3, config=config, resume=checkpoint, probe_resume=True)
+    result = run_spec(spec, world_size=3)
+    output = result.stdout + result.stderr
+    reports = [json.load(open(tmp_path / "p3" / f"report-rank{r}.json")) for r in range(3)]
+    assert [r["world_size"] for r in reports] == [3, 3, 3]
+    assert all(r["rounds_checked"] == 2 for r in reports)  # rounds 5 and 6, φ shared by the 3 workers after each
+    assert "elastic resume: checkpoint-20 was written by 2 workers, this run has 3" in output
+    restored = [safetensors.torch.load_file(str(tmp_path / "p3" / f"resume-rank{r}.safetensors")) for r in range(3)]
+    assert all(torch.equal(r["phi"], restored[0]["phi"]) for r in restored) and restored[0]["phi"].numel() == numel
+    assert not torch.equal(restored[0]["phi"], saved["phi"])  # the average in flight was applied at the resume
+    assert [line["workers"] for line in rounds_of(out) if line["outer_step"] > 4] == [[0, 1, 2], [0, 1, 2]]
+    assert os.path.isfile(os.path.join(out, "merged", "model.safetensors"))
