@@ -29,10 +29,11 @@ from transformers.trainer_utils import speed_metrics
 
 from ..common.distributed import comm_device, is_distributed
 from ..common.rng import get_rng_state, set_rng_state
+from ..config.compat import trainer_memory_tracker
 from ..instances.table import final_merge_weights
 from ..outputs.run_log import MERGED
-from ..worker.core import Worker
 from .predictions import ShardOutput, is_causal_lm, predict_shard, share_instance_metrics
+from .view import EvaluationSettings, EvaluationView
 
 
 __all__ = [
@@ -100,7 +101,8 @@ def combine_instance_metrics(
 
 def evaluate_instances(
     trainer: Trainer,
-    worker: Worker,
+    view: EvaluationView,
+    settings: EvaluationSettings,
     dataset,
     ignore_keys,
     metric_key_prefix: str = "eval",
@@ -108,46 +110,47 @@ def evaluate_instances(
 ) -> dict[str, Any]:
     """The metrics of `AdLoCoTrainer.evaluate` for one eval dataset (see its docstring); logs them, fires
     `on_evaluate` and appends one line per model to `adloco_eval.jsonl`, naming `dataset_name` (collective: every
-    rank)."""
-    trainer._memory_tracker.start()
+    rank). `view` is this process's worker as an evaluation sees it, `settings` the run's evaluation settings."""
+    memory = trainer_memory_tracker(trainer)
+    memory.start()
     start = time.time()
-    single = worker.final_merged or len(worker.instances) <= 1
+    single = view.final_merged or len(view.instances) <= 1
     causal_lm = is_causal_lm(trainer.model)
     metrics: dict[str, Any] = {}
     if single:
         instance_id, values, extra = _evaluate_shared_model(
-            trainer, worker, dataset, ignore_keys, metric_key_prefix, causal_lm
+            trainer, view, dataset, ignore_keys, metric_key_prefix, causal_lm
         )
         metrics.update(extra)
         metrics.update(
             {f"{metric_key_prefix}_{name}": values[name] for name in ("loss", "perplexity") if name in values}
         )
-        evals = {MERGED if worker.final_merged else instance_id: values}
+        evals = {MERGED if view.final_merged else instance_id: values}
     else:
-        per_instance = _evaluate_each_instance(trainer, worker, dataset, ignore_keys, metric_key_prefix)
-        demand = {inst.id: inst.demand for inst in worker.instances}
+        per_instance = _evaluate_each_instance(trainer, view, dataset, ignore_keys, metric_key_prefix)
+        demand = {inst.id: inst.demand for inst in view.instances}
         metrics.update(combine_instance_metrics(per_instance, demand, metric_key_prefix, causal_lm))
         evals = {i: _with_perplexity(values, causal_lm) for i, values in per_instance.items()}
-        if getattr(trainer.args, "eval_merged_model", False):
+        if settings.eval_merged_model:
             prefix = f"{metric_key_prefix}_merged"  # the names of the merged model's evaluation at the end
-            with merged_model_loaded(worker):
+            with merged_model_loaded(view):
                 _, values, extra = _evaluate_shared_model(
-                    trainer, worker, dataset, ignore_keys, prefix, causal_lm, progress=False
+                    trainer, view, dataset, ignore_keys, prefix, causal_lm, progress=False
                 )
             metrics.update(extra)
             metrics.update({f"{prefix}_{name}": values[name] for name in ("loss", "perplexity") if name in values})
             evals[MERGED] = values
     metrics.update(speed_metrics(metric_key_prefix, start, num_samples=len(dataset)))
     if trainer.is_world_process_zero():
-        _write_eval_lines(trainer, worker, evals, dataset_name)
+        _write_eval_lines(trainer, view, evals, dataset_name)
     trainer.log(metrics)
     trainer.control = trainer.callback_handler.on_evaluate(trainer.args, trainer.state, trainer.control, metrics)
-    trainer._memory_tracker.stop_and_update_metrics(metrics)
+    memory.stop_and_update_metrics(metrics)
     return metrics
 
 
 def _evaluate_shared_model(
-    trainer: Trainer, worker: Worker, dataset, ignore_keys, prefix: str, causal_lm: bool, progress: bool = True
+    trainer: Trainer, view: EvaluationView, dataset, ignore_keys, prefix: str, causal_lm: bool, progress: bool = True
 ) -> tuple[int, dict[str, Any], dict[str, Any]]:
     """The model every worker holds (one instance, the final merge, or `merged_model_loaded`), every worker taking a
     shard of the eval set: (the instance id of `instance_losses`, {"loss", "perplexity", **compute_metrics}, the
@@ -168,14 +171,14 @@ def _evaluate_shared_model(
             if (name := key.removeprefix(f"{prefix}_")) not in ("loss", *_NOT_METRICS)
         }
     progress = progress and trainer.compute_metrics is None  # else evaluation_loop has reported its own steps
-    losses = instance_losses(trainer, worker, dataset, ignore_keys=ignore_keys, progress=progress)
+    losses = instance_losses(trainer, view, dataset, ignore_keys=ignore_keys, progress=progress)
     ((instance_id, loss),) = losses.items()
     values = _with_perplexity({**custom, **({} if loss is None else {"loss": loss})}, causal_lm)
     return instance_id, values, extra
 
 
 @torch.no_grad()
-def merged_weights(worker: Worker) -> torch.Tensor:
+def merged_weights(view: EvaluationView) -> torch.Tensor:
     """The global weights the final merge would produce now: Σ_i w_i φ_i over the instances, with the final merge's
     weights (`instances.final_merge_weights`: demand-weighted over the instances that trained), flat float32 on the
     communication device (`distributed.comm_device`: the GPU with NCCL, the CPU with gloo), on every rank.
@@ -186,65 +189,67 @@ def merged_weights(worker: Worker) -> torch.Tensor:
     (2 (P − 1) / P of that per worker on a ring): evaluation traffic, not counted in `comm_bytes`. With
     `outer_overlap`, φ is the instances' consensus without the average still in flight.
     """
-    global_model = worker.global_model
+    global_model = view.global_model
     phi = global_model.phi.detach()
     device = comm_device(phi.device)
-    inst = worker.instance
-    share = final_merge_weights(worker.instances)[inst.id] / len(inst.workers)
+    inst = view.instance
+    share = final_merge_weights(view.instances)[inst.id] / len(inst.workers)
     if share == 0:
         total = torch.zeros(phi.shape, dtype=torch.float32, device=device)
     else:
         total = phi.to(device, torch.float32).mul(share)  # a new tensor: φ itself is never touched
-    if is_distributed() and worker.num_workers > 1:
+    if is_distributed() and view.num_workers > 1:
         # This local rank of every worker (the world with one process per worker): the worker's processes hold the
         # same φ, so each local rank sums the same terms and all of them get the same model.
-        group = worker.all_workers_group
-        with worker.monitor.watch("evaluation (merged model)", worker.resume_hint):
+        group = view.all_workers_group()
+        with view.monitor.watch("evaluation (merged model)", view.resume_hint):
             dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
     return total
 
 
 @contextmanager
-def merged_model_loaded(worker: Worker) -> Iterator[None]:
+def merged_model_loaded(view: EvaluationView) -> Iterator[None]:
     """Inside, every worker's trainable parameters hold the model the final merge would produce now
     (`merged_weights`, cast to the parameters' dtype as the final merge casts it); on leaving (also on an error)
     each worker's own parameters are put back bit for bit, and its random generators (the eval loaders draw from
     torch's), so that training goes on exactly as without it. Collective (every rank); keeps a copy of the trainable
     parameters while inside."""
-    global_model = worker.global_model
+    global_model = view.global_model
     params = global_model.params
-    worker.reshard()  # FSDP: the shards are written below, no unsharded copy may stay in use
+    view.reshard()  # FSDP: the shards are written below, no unsharded copy may stay in use
     with torch.no_grad():
         saved = [p.detach().clone() for p in params]
     rng = get_rng_state()
     try:
-        merged = merged_weights(worker)
+        merged = merged_weights(view)
         with torch.no_grad():
-            for view, p in zip(global_model.views_of(merged), params):
-                p.copy_(view)
+            for value, p in zip(global_model.views_of(merged), params):
+                p.copy_(value)
         del merged
         yield
     finally:
-        worker.reshard()
+        view.reshard()
         with torch.no_grad():
             for p, own in zip(params, saved):
                 p.copy_(own)
         set_rng_state(rng)
 
 
-def _evaluate_each_instance(trainer: Trainer, worker: Worker, dataset, ignore_keys, prefix: str) -> dict[int, dict]:
+def _evaluate_each_instance(
+    trainer: Trainer, view: EvaluationView, dataset, ignore_keys, prefix: str
+) -> dict[int, dict]:
     """{instance id: {"loss": ..., **compute_metrics}} for every instance, the same on every rank."""
     args = trainer.args
     collect = trainer.compute_metrics is not None and not args.prediction_loss_only
-    inst = worker.instance
-    members = list(worker.layout.ranks_of_workers(inst.workers))  # every process of the instance takes a shard
-    shard = _predict(trainer, worker, dataset, members, ignore_keys=ignore_keys, collect=collect)
-    losses = _pool_losses(worker, inst.id, shard)
+    inst = view.instance
+    members = list(view.layout.ranks_of_workers(inst.workers))  # every process of the instance takes a shard
+    shard = _predict(trainer, view, dataset, members, ignore_keys=ignore_keys, collect=collect)
+    losses = _pool_losses(view, inst.id, shard)
     per_instance = {i: {} for i in losses}
     if collect:
-        group = worker.groups.get(members)
+        group = view.group(members)
         rank = args.process_index
-        shared = share_instance_metrics(trainer, shard, members, inst.id, rank, group, prefix, worker.monitor)
+        shared = share_instance_metrics(trainer, shard, members, inst.id, rank, group, prefix, view.monitor)
         for instance_id, values in shared.items():
             per_instance.setdefault(instance_id, {}).update({k: v for k, v in values.items() if k != "loss"})
     for instance_id, loss in losses.items():
@@ -254,49 +259,49 @@ def _evaluate_each_instance(trainer: Trainer, worker: Worker, dataset, ignore_ke
 
 
 def instance_losses(
-    trainer: Trainer, worker: Worker, dataset, ignore_keys=None, progress: bool = True
+    trainer: Trainer, view: EvaluationView, dataset, ignore_keys=None, progress: bool = True
 ) -> dict[int, float | None]:
     """{id: mean loss per token (per sample for models without labels to count)} of the single model (one instance,
     or the merged one) on the whole set, every worker taking a shard; None when the model gave no loss (no labels).
     Several instances are evaluated by `_evaluate_each_instance`."""
-    group_id, members = (worker.instances[0].id if worker.instances else 0), list(range(trainer.args.world_size))
-    shard = _predict(trainer, worker, dataset, members, ignore_keys=ignore_keys, progress=progress)
-    return _pool_losses(worker, group_id, shard)
+    group_id, members = (view.instances[0].id if view.instances else 0), list(range(trainer.args.world_size))
+    shard = _predict(trainer, view, dataset, members, ignore_keys=ignore_keys, progress=progress)
+    return _pool_losses(view, group_id, shard)
 
 
-def _predict(trainer: Trainer, worker: Worker, dataset, members: list[int], **kwargs) -> ShardOutput:
+def _predict(trainer: Trainer, view: EvaluationView, dataset, members: list[int], **kwargs) -> ShardOutput:
     """This process's shard of `dataset` split among `members` (`predict_shard`). With worker_parallelism="fsdp"
     a forward is collective inside a worker, so its processes run the same batches: the set is split among the
     workers of `members` instead, and only local rank 0 counts its loss (the others' are the same numbers)."""
     rank = trainer.args.process_index
-    if not worker.fsdp:
+    if not view.sharded:
         return predict_shard(trainer, dataset, members, rank, **kwargs)
-    layout = worker.layout
+    layout = view.layout
     leaders = sorted({layout.rank(layout.worker_of(r), 0) for r in members})
-    shard = predict_shard(trainer, dataset, leaders, layout.rank(worker.worker_id, 0), **kwargs)
-    worker.reshard()
-    if worker.local_rank > 0:
+    shard = predict_shard(trainer, dataset, leaders, layout.rank(view.worker_id, 0), **kwargs)
+    view.reshard()
+    if view.local_rank > 0:
         shard.loss_sum, shard.count = 0.0, 0.0
     return shard
 
 
-def _pool_losses(worker: Worker, group_id: int, shard: ShardOutput) -> dict[int, float | None]:
+def _pool_losses(view: EvaluationView, group_id: int, shard: ShardOutput) -> dict[int, float | None]:
     """Every rank's loss sum and weight, pooled per instance (one all-gather over the world, within worker_timeout)."""
     totals: dict[int, list[float]] = {}
     mine = [group_id, shard.loss_sum, shard.count]
-    for row in worker.monitor.gather_rows(mine, "evaluation (losses)", worker.resume_hint):
+    for row in view.monitor.gather_rows(mine, "evaluation (losses)", view.resume_hint):
         total = totals.setdefault(int(row[0]), [0.0, 0.0])
         total[0] += row[1]
         total[1] += row[2]
     return {i: (s / c if c > 0 else None) for i, (s, c) in sorted(totals.items())}
 
 
-def _write_eval_lines(trainer: Trainer, worker: Worker, evals: dict[Any, dict[str, Any]], dataset_name) -> None:
+def _write_eval_lines(trainer: Trainer, view: EvaluationView, evals: dict[Any, dict[str, Any]], dataset_name) -> None:
     """One line per evaluated model: where the run stands, the model (`instance`: an instance id, or `MERGED` with
     `final`: true for the model of the final merge, false for the merge evaluated while training by
     `eval_merged_model`), the dataset's name (None for a single eval dataset) and every metric as `eval_{name}`,
     whatever the dataset's metric prefix."""
-    state = worker.state
+    state = view.state
     lines = []
     for label, values in evals.items():
         line = {
@@ -307,10 +312,10 @@ def _write_eval_lines(trainer: Trainer, worker: Worker, evals: dict[Any, dict[st
             "dataset": dataset_name,
         }
         if label == MERGED:
-            line["final"] = worker.final_merged
+            line["final"] = view.final_merged
         # The exact loss (and perplexity) first, then the custom metrics, which never replace them.
         ordered = {name: values[name] for name in ("loss", "perplexity") if name in values}
         ordered.update({name: value for name, value in values.items() if name not in ordered})
         line.update({f"eval_{name}": value for name, value in ordered.items()})
         lines.append(line)
-    worker.run_log.write_eval(lines)
+    view.run_log.write_eval(lines)

@@ -13,7 +13,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import datasets
 import torch
 import torch.distributed as dist
 from accelerate.utils import extract_model_from_parallel
@@ -25,6 +24,7 @@ from transformers.trainer_utils import EvalPrediction, denumpify_detensorize, un
 
 from ..common.distributed import WorkerMonitor
 from ..common.inputs import batch_length
+from ..config.compat import trainer_num_items_in_batch
 
 
 __all__ = ["ShardOutput", "instance_metrics", "is_causal_lm", "predict_shard", "share_instance_metrics"]
@@ -61,9 +61,10 @@ class ShardOutput:
 
 
 def _eval_dataset_and_collator(trainer: Trainer, dataset):
-    if isinstance(dataset, datasets.Dataset):
-        return trainer._remove_unused_columns(dataset, description="evaluation"), trainer.data_collator
-    return dataset, trainer._get_collator_with_removed_columns(trainer.data_collator, description="evaluation")
+    """The dataset and collator of the Trainer's own eval loader (`get_eval_dataloader`: the model's unused columns
+    removed, from the dataset or by the collator; a subclass's override applies), which `predict_shard` splits."""
+    loader = trainer.get_eval_dataloader(dataset)
+    return loader.dataset, loader.collate_fn
 
 
 @torch.no_grad()
@@ -100,8 +101,8 @@ def predict_shard(
     main_input = getattr(model, "main_input_name", "input_ids")
     out = ShardOutput()
     for step, inputs in enumerate(loader):
-        inputs = trainer._prepare_inputs(inputs)
-        items = trainer._get_num_items_in_batch([inputs], args.device)
+        # `prediction_step` moves the inputs to the device; the count is the one it divides the loss by.
+        items = trainer_num_items_in_batch(trainer, inputs, args.device)
         items = float(items) if items is not None else float(batch_length(inputs))
         loss, logits, labels = trainer.prediction_step(model, inputs, not collect, ignore_keys=ignore_keys)
         if loss is not None:

@@ -20,6 +20,7 @@ from ..common.distributed import comm_device
 from ..common.layout import part_range
 from .eager import EagerOffset
 from .reduce import BUCKET_NUMEL, PendingMean, PseudoGradReduce
+from .settings import OuterSettings
 
 
 __all__ = ["BUCKET_NUMEL", "DTYPES", "GlobalModel", "OuterStepResult", "ring_all_reduce_bytes"]
@@ -105,22 +106,24 @@ class GlobalModel:
         self.copy_from_params()
 
     @classmethod
-    def from_args(cls, params: list[torch.Tensor], args) -> "GlobalModel":
-        """With an `AdLoCoConfig`'s outer optimizer, on `outer_state_device` ("device": `args.device`, or "cpu"),
-        its `pseudo_grad_compression` (or `pseudo_grad_dtype`) and `outer_overlap`."""
-        device = torch.device("cpu") if args.outer_state_device == "cpu" else args.device
+    def from_settings(
+        cls, params: list[torch.Tensor], settings: OuterSettings, *, device: torch.device
+    ) -> "GlobalModel":
+        """With the run's outer settings: its outer optimizer, on `state_device` ("device": `device`, the worker's;
+        or "cpu"), its `compression` (or `pseudo_grad_dtype`) and `overlap`."""
+        state_device = torch.device("cpu") if settings.state_device == "cpu" else device
         reduce = PseudoGradReduce(
-            args.pseudo_grad_compression, dtype=DTYPES[args.pseudo_grad_dtype], block_size=args.compression_block_size
+            settings.compression, dtype=DTYPES[settings.pseudo_grad_dtype], block_size=settings.compression_block_size
         )
         return cls(
             params,
-            device=device,
-            lr=args.outer_lr,
-            momentum=args.outer_momentum,
-            nesterov=args.outer_nesterov,
+            device=state_device,
+            lr=settings.lr,
+            momentum=settings.momentum,
+            nesterov=settings.nesterov,
             reduce=reduce,
-            overlap=args.outer_overlap,
-            overlap_local_weight=args.outer_overlap_local_weight,
+            overlap=settings.overlap,
+            overlap_local_weight=settings.overlap_local_weight,
         )
 
     def split_over(self, intra_group, processes_per_worker: int, local_rank: int) -> None:

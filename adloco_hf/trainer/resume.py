@@ -17,7 +17,6 @@ from transformers import Trainer
 from ..checkpoint.elastic import check_instances_fit, elastic_rank_state
 from ..checkpoint.folders import check_rank_states, load_rank_state
 from ..checkpoint.run_settings import check_run_settings, run_settings
-from ..config.arguments import AdLoCoConfig
 from ..worker.core import Worker
 from ..worker.fsdp import load_full_state_dict
 
@@ -27,25 +26,25 @@ __all__ = ["check_workers_for_instances", "load_checkpoint", "load_scheduler", "
 logger = logging.getLogger(__name__)
 
 
-def check_workers_for_instances(args: AdLoCoConfig, worker: Worker, resume_from_checkpoint: str | None) -> None:
+def check_workers_for_instances(worker: Worker, resume_from_checkpoint: str | None) -> None:
     """Every instance needs a worker: a new run's `num_instances`, a resumed run's checkpoint's instances (merges
     may have left fewer than `num_instances`; an elastic resume may have fewer workers, `checkpoint/elastic.py`)."""
-    num_workers = worker.num_workers
+    num_workers, num_instances = worker.num_workers, worker.settings.num_instances
     if resume_from_checkpoint is not None:
         check_instances_fit(resume_from_checkpoint, num_workers)
-    elif args.num_instances > num_workers:
+    elif num_instances > num_workers:
         cpu = (
             " Without a GPU, `accelerate launch --num_processes N` alone starts ONE process: launch with "
-            f"`accelerate launch --multi_gpu --num_processes {args.num_instances} train.py` and use_cpu=True "
+            f"`accelerate launch --multi_gpu --num_processes {num_instances} train.py` and use_cpu=True "
             "(AdLoCoConfig sets it when no GPU is present), or --config_file accelerate_configs/cpu_4_workers.yaml."
         )
         g = worker.processes_per_worker
-        launch = f"{args.num_instances} processes" if g == 1 else f"{args.num_instances * g} processes"
+        launch = f"{num_instances} processes" if g == 1 else f"{num_instances * g} processes"
         per = "" if g == 1 else f" (processes_per_worker={g})"
         raise ValueError(
-            f"num_instances={args.num_instances} exceeds the {num_workers} worker(s) of this launch{per}; lower "
+            f"num_instances={num_instances} exceeds the {num_workers} worker(s) of this launch{per}; lower "
             f"num_instances or launch at least {launch} (accelerate launch --num_processes)."
-            + (cpu if args.device.type == "cpu" else "")
+            + (cpu if worker.settings.device.type == "cpu" else "")
         )
 
 

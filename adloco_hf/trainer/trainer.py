@@ -25,6 +25,7 @@ from ..common.console import restart_rate_estimate
 from ..common.inputs import batch_length, count_tokens
 from ..config.arguments import AdLoCoConfig
 from ..evaluation.evaluate import evaluate_instances
+from ..evaluation.view import EvaluationSettings, EvaluationView
 from ..outputs.earlier_run import warn_about_earlier_run
 from ..outputs.hub import MergedModelHubMixin
 from ..rounds.messages import round_logs, round_message
@@ -89,6 +90,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
                 "eval_dataset=... or set eval_strategy='no'"
             )
         self.worker = Worker(args)
+        self.evaluation_settings = EvaluationSettings.from_args(args)
         # worker_parallelism="fsdp": shard before the Trainer creates the optimizer (in train()), so that AdamW holds
         # the shards; the Trainer's own FSDP (which would shard over the world) stays refused (compat.py).
         self.worker.shard(self.model)
@@ -186,7 +188,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         Another run's checkpoints or merges in `output_dir` are named in a warning (`outputs/earlier_run.py`)."""
         self._preempted_at, self._run_plot = None, None
         resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
-        check_workers_for_instances(self.args, self.worker, resume_from_checkpoint)
+        check_workers_for_instances(self.worker, resume_from_checkpoint)
         if self.is_world_process_zero():
             warn_about_earlier_run(self.args.output_dir, resume_from_checkpoint)
         with quiet_console(self.is_world_process_zero()):  # the banner's true lines, warnings once
@@ -286,16 +288,17 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("AdLoCoTrainer.evaluate needs an eval_dataset.")
+        view, settings = EvaluationView.from_worker(self.worker), self.evaluation_settings
         if isinstance(dataset, str):
             name, dataset = dataset, self.eval_dataset[dataset]
-            return evaluate_instances(self, self.worker, dataset, ignore_keys, metric_key_prefix, dataset_name=name)
+            return evaluate_instances(self, view, settings, dataset, ignore_keys, metric_key_prefix, dataset_name=name)
         if isinstance(dataset, dict):
             metrics = {}
             for name, part in dataset.items():
                 prefix = f"{metric_key_prefix}_{name}"
-                metrics.update(evaluate_instances(self, self.worker, part, ignore_keys, prefix, dataset_name=name))
+                metrics.update(evaluate_instances(self, view, settings, part, ignore_keys, prefix, dataset_name=name))
             return metrics
-        return evaluate_instances(self, self.worker, dataset, ignore_keys, metric_key_prefix)
+        return evaluate_instances(self, view, settings, dataset, ignore_keys, metric_key_prefix)
 
     # ---- checkpoints: per-worker state, written atomically ----
     def _save_checkpoint(self, model, trial) -> None:

@@ -1,6 +1,7 @@
 """`Worker`: one process's part of AdLoCo (its instance, its round), with DDP or FSDP inside a worker.
 
 - `core.py`: the `Worker` itself, its state and the end of training (the final merge);
+- `settings.py`: what the worker reads of the config, once (`WorkerSettings`);
 - `start.py`: the set-up once training begins; `initialise.py`: initial weights and the largest micro-batch;
 - `steps.py`: the batch plan and the inner steps; `round_end.py`: the end of a round;
 - `resume.py`: the state a checkpoint holds, and how it is restored; `preemption.py`: stopping on SIGTERM;

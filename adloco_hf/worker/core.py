@@ -44,6 +44,7 @@ from .preemption import Preemption
 from .replica import ReplicaParallel
 from .resume import WorkerResume
 from .round_end import RoundEnd
+from .settings import WorkerSettings
 from .start import WorkerStart
 from .steps import InnerSteps
 
@@ -63,25 +64,27 @@ class Worker(WorkerStart, InnerSteps, RoundEnd, WorkerResume):
     (all-reduce, merges), over the groups of `process_groups`.
 
     Args:
-        args: the run's [`AdLoCoConfig`].
+        args: the run's [`AdLoCoConfig`]; what the worker reads of it is read once, into `settings`
+            ([`WorkerSettings`]).
     """
 
     def __init__(self, args: AdLoCoConfig):
-        self.args = args
+        self.args = args  # read only by the builders: `WorkerSettings` here, `RoundRules` when its inputs change
+        self.settings = settings = WorkerSettings.from_args(args)
         self.world_size = get_world_size()
-        self.processes_per_worker = int(getattr(args, "processes_per_worker", 1) or 1)
+        self.processes_per_worker = settings.processes_per_worker
         self.layout = WorkerLayout(self.world_size, self.processes_per_worker)
         self.process_groups = WorkerGroups(
-            self.layout, get_rank(), timeout=args.worker_timeout, outer_overlap=args.outer_overlap
+            self.layout, get_rank(), timeout=settings.worker_timeout, outer_overlap=settings.outer.overlap
         )
         self.rank = self.process_groups.rank
         self.worker_id = self.process_groups.worker_id  # == rank with one process per worker
         self.local_rank = self.process_groups.local_rank
         self.num_workers = self.layout.num_workers
-        sharded = self.processes_per_worker > 1 and getattr(args, "worker_parallelism", "ddp") == "fsdp"
-        self.replica: ReplicaParallel = (FSDPReplica if sharded else DDPReplica)(args, self.process_groups)
-        self.run_log = RunLog(args.output_dir)
-        self.monitor = WorkerMonitor(args.worker_timeout, connect=False)  # plain barriers until `start` connects one
+        replica = FSDPReplica if settings.sharded else DDPReplica
+        self.replica: ReplicaParallel = replica(settings, self.process_groups)
+        self.run_log = RunLog(settings.output_dir)
+        self.monitor = WorkerMonitor(settings.worker_timeout, connect=False)  # plain barriers until `start` connects
         self.instances: list[Instance] = []
         self.global_model: GlobalModel | None = None
         self.collector: GradientStatisticsCollector | None = None
@@ -89,7 +92,7 @@ class Worker(WorkerStart, InnerSteps, RoundEnd, WorkerResume):
         self.plan: BatchPlan | None = None
         self.outer_step = 0
         self.last_synced_step = 0
-        self.inner_steps = args.inner_steps  # this round's H (grows with inner_steps_rule="outer_noise")
+        self.inner_steps = settings.inner_steps  # this round's H (grows with inner_steps_rule="outer_noise")
         self.final_merged = False
         self.totals = RunTotals()
         self._tally = RoundTally()
@@ -213,7 +216,7 @@ class Worker(WorkerStart, InnerSteps, RoundEnd, WorkerResume):
     # ---- where the run stands ----
     def resume_hint(self) -> str:
         """What to do after a lost worker: named only when it happens (it lists the output folder)."""
-        return resume_hint(self.args.output_dir)
+        return resume_hint(self.settings.output_dir)
 
     def _elapsed(self) -> float:
         """Training seconds across resumes."""

@@ -28,10 +28,10 @@ class DDPReplica(ReplicaParallel):
         several = groups.processes_per_worker > 1
         initialise_weights(
             model,
-            self.args.instance_init,
+            self.settings.instance_init,
             instance=instance,
             rank=groups.worker_id,
-            seed=self.args.seed,
+            seed=self.settings.seed,
             group=groups.instance(instance.workers) if len(instance.workers) > 1 and lead else None,
             src=groups.layout.rank(instance.first_worker, 0),
             intra_group=groups.intra,

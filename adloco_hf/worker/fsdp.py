@@ -204,7 +204,7 @@ class FSDPReplica(ReplicaParallel):
         reshard(model)
 
     def check_settings(self) -> None:
-        if self.args.max_batch_size == "auto" and self.args.device.type == "cuda":
+        if self.settings.max_batch_size is None and self.settings.device.type == "cuda":  # max_batch_size="auto"
             raise ValueError(
                 "max_batch_size='auto' probes batches until one runs out of memory, which a sharded forward "
                 "(worker_parallelism='fsdp', collective inside the worker) cannot survive on one process alone: "
@@ -214,16 +214,16 @@ class FSDPReplica(ReplicaParallel):
     @torch.no_grad()
     def initialise_weights(self, model: torch.nn.Module, instance: Instance) -> None:
         """`initialise_weights` shard by shard: every local rank sends its own shard over its groups."""
-        groups, args = self.groups, self.args
+        groups, settings = self.groups, self.settings
         group = groups.instance(instance.workers) if len(instance.workers) > 1 else None
         shards = local_shards(list(model.state_dict().values()))
         tensors = list({t.data_ptr(): t for t in shards if t.numel()}.values())  # tied weights once
-        if args.instance_init == "shared":
+        if settings.instance_init == "shared":
             broadcast_tensors(tensors, src=groups.layout.rank(0, groups.local_rank), group=groups.all_workers)
             return
         if groups.worker_id == instance.first_worker:
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(args.seed + instance.id)
+                torch.manual_seed(settings.seed + instance.id)
                 fresh = type(model)(model.config).state_dict()
             load_full_state_dict(model, fresh)
         if len(instance.workers) > 1:

@@ -6,8 +6,8 @@ import torch
 
 from ..batch.max_batch import find_max_batch_size
 from ..common.distributed import broadcast_tensors
-from ..config.arguments import AdLoCoConfig
 from ..instances.table import Instance
+from .settings import WorkerSettings
 
 
 __all__ = ["initialise_weights", "reinitialise", "resolve_max_batch_size"]
@@ -66,14 +66,14 @@ def reinitialise(model: torch.nn.Module, seed: int) -> None:
 
 
 def resolve_max_batch_size(
-    args: AdLoCoConfig, params: list[torch.nn.Parameter], probe_step: Callable[[int], None]
+    settings: WorkerSettings, params: list[torch.nn.Parameter], probe_step: Callable[[int], None]
 ) -> int:
     """`max_batch_size` as given, or found by probing (`"auto"`) with room kept for state allocated later."""
-    if args.max_batch_size != "auto":
-        return int(args.max_batch_size)
+    if settings.max_batch_size is not None:
+        return settings.max_batch_size
     reserve = 2 * sum(p.numel() * p.element_size() for p in params)  # AdamW's moments, allocated at the first step
-    if args.outer_state_device == "device":
+    if settings.outer.state_device == "device":
         reserve += 4 * sum(p.numel() for p in params)  # the outer momentum, allocated at the first outer step
     return find_max_batch_size(
-        probe_step, device=args.device, memory_fraction=args.memory_fraction, reserve_bytes=reserve
+        probe_step, device=settings.device, memory_fraction=settings.memory_fraction, reserve_bytes=reserve
     )

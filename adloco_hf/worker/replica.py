@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import torch
 
-from ..config.arguments import AdLoCoConfig
 from ..instances.table import Instance
 from ..outer.step import GlobalModel
 from .groups import WorkerGroups
+from .settings import WorkerSettings
 
 
 __all__ = ["ReplicaParallel"]
@@ -28,15 +28,15 @@ class ReplicaParallel:
     are those of a replica that every process holds whole; a variant overrides what it changes.
 
     Args:
-        args: the run's [`AdLoCoConfig`].
+        settings: the worker's settings ([`WorkerSettings`]).
         groups: this process's place among the workers and its process groups.
     """
 
     sharded: bool = False
     """The worker's processes hold shards of the replica (FSDP), not copies: models are gathered before writing."""
 
-    def __init__(self, args: AdLoCoConfig, groups: WorkerGroups):
-        self.args = args
+    def __init__(self, settings: WorkerSettings, groups: WorkerGroups):
+        self.settings = settings
         self.groups = groups
 
     # ---- set-up ----

@@ -67,7 +67,7 @@ class WorkerResume:
             )
         self.outer_step = int(state["outer_step"])
         self.last_synced_step = int(state["last_synced_step"])
-        self.inner_steps = int(state.get("inner_steps", self.args.inner_steps))  # older checkpoints: fixed H
+        self.inner_steps = int(state.get("inner_steps", self.settings.inner_steps))  # older checkpoints: fixed H
         self.max_batch_size = int(state["max_batch_size"])
         # The scheduler was loaded from rank 0's files, scaled for rank 0's batch: start again from the unscaled rates.
         self._base_lrs = list(state.get("base_lrs") or self._base_lrs)
@@ -94,7 +94,7 @@ class WorkerResume:
         self.global_model.settle()
         self.global_model.reduce.reset_error_feedback()
         if self._rng_to_restore is None:
-            set_seed(hash((self.args.seed, self.rank, self.last_synced_step)) % 2**32)
+            set_seed(hash((self.settings.seed, self.rank, self.last_synced_step)) % 2**32)
             self._rng_to_restore = get_rng_state()
 
     def _log_elastic(self, elastic: dict[str, Any], global_step: int) -> None:

@@ -48,9 +48,10 @@ class WorkerStart:
         self._model, self._optimizer, self._scheduler = model, optimizer, lr_scheduler
         self._sampler, self._scaler, self.max_steps = sampler, scaler, max_steps
         self._connect()
-        check_models_match(model, self.args.device)
+        settings = self.settings
+        check_models_match(model, settings.device)
         self.collector = GradientStatisticsCollector(
-            model.parameters(), inner_products=self.args.batch_size_test in INNER_PRODUCT_TESTS
+            model.parameters(), inner_products=settings.steps.batch_size_test in INNER_PRODUCT_TESTS
         )
         self.collector.sum_group = self.replica.statistics_group
         self._check_inner_optimizer()
@@ -58,19 +59,19 @@ class WorkerStart:
         if resume is None:
             self.instances = initial_instances(
                 self.num_workers,
-                self.args.num_instances,
-                self.processes_per_worker * self.args.per_device_train_batch_size,
+                settings.num_instances,
+                self.processes_per_worker * settings.initial_batch_size,
             )
             self.process_groups.refresh(self.instances)
             self.replica.initialise_weights(model, self.instance)
         else:
             self.instances = [Instance.from_row(row) for row in resume["instances"]]
             self.process_groups.refresh(self.instances)
-        self.global_model = GlobalModel.from_args(self._part(), self.args)
+        self.global_model = GlobalModel.from_settings(self._part(), settings.outer, device=settings.device)
         self.replica.attach(self.global_model)
         if resume is None:
             self.replica.check_settings()
-            self.max_batch_size = resolve_max_batch_size(self.args, self._trainable(), probe_step)
+            self.max_batch_size = resolve_max_batch_size(settings, self._trainable(), probe_step)
             self._train_start = time.time()
         else:
             self._restore(resume)
@@ -82,22 +83,22 @@ class WorkerStart:
     def _connect(self) -> None:
         """The workers' monitor (a lost worker ends the run with a resume hint) and the preemption handlers."""
         destroy_process_groups_at_exit()
-        self.monitor = WorkerMonitor(self.args.worker_timeout)
+        self.monitor = WorkerMonitor(self.settings.worker_timeout)
         self.monitor.check("start of training")
-        self.preemption = Preemption(self.args.preemption_grace_seconds, self.monitor.someone_ahead)
+        self.preemption = Preemption(self.settings.preemption_grace_seconds, self.monitor.someone_ahead)
         self.preemption.install()
         if self.rank == 0:
-            remove_stale_staging(self.args.output_dir)
+            remove_stale_staging(self.settings.output_dir)
 
     def _check_inner_optimizer(self) -> None:
         """Refuse an optimizer or scheduler the settings cannot scale or read, and keep the rates and Adam
         hyperparameters before any batch scaling (every round scales from these)."""
-        args = self.args
-        if args.lr_batch_scaling != "none":
+        steps = self.settings.steps
+        if steps.lr_batch_scaling != "none":
             check_scheduler(self._scheduler)
-        if args.noise_preconditioner == "adam":
+        if steps.noise_preconditioner == "adam":
             check_adam_moments(self._optimizer)
-        if args.lr_batch_scaling in ADAM_RULES:
+        if steps.lr_batch_scaling in ADAM_RULES:
             check_adam_optimizer(self._optimizer)
             self._base_adam = adam_hyperparameters(self._optimizer)
         self._base_lrs = list(getattr(self._scheduler, "base_lrs", []))
@@ -114,13 +115,13 @@ class WorkerStart:
             f" of {self.processes_per_worker} processes" if self.processes_per_worker > 1 else ""
         )
         # The Trainer's banner keeps its true lines (steps, parameters); this one says the rest (trainer/console.py).
-        rounds = (
-            f"{-(-self.max_steps // self.inner_steps)} rounds" if self.args.inner_steps_rule == "fixed" else "rounds"
-        )
-        cap = f", at most {self.args.batch_size_cap}" if self.args.batch_size_cap else ""
+        settings = self.settings
+        fixed = self.rules.inner_steps_rule == "fixed"
+        rounds = f"{-(-self.max_steps // self.inner_steps)} rounds" if fixed else "rounds"
+        cap = f", at most {settings.batch_size_cap}" if settings.batch_size_cap else ""
         instances = f"{len(self.instances)} instance{'s' * (len(self.instances) != 1)}"
         logger.info(
             f"AdLoCo: {workers}, {instances}, max_steps {self.max_steps} in {rounds} of "
-            f"{self.inner_steps} inner steps, batch {self.args.per_device_train_batch_size} per worker at the start"
-            f"{cap} (batch-size test {self.args.batch_size_test}), micro-batches of at most {self.max_batch_size}"
+            f"{self.inner_steps} inner steps, batch {settings.initial_batch_size} per worker at the start"
+            f"{cap} (batch-size test {settings.steps.batch_size_test}), micro-batches of at most {self.max_batch_size}"
         )

@@ -23,14 +23,14 @@ class InnerSteps:
     def _apply_plan(self) -> None:
         """The batch of this worker's next round: to the sampler, and to the learning rate if it follows the batch."""
         # A worker's request is split evenly over its processes (a multiple of processes_per_worker).
+        steps, initial = self.settings.steps, self.settings.initial_batch_size
         request = self.instance.batch_size // self.processes_per_worker
-        self.plan = plan_batch(request, self.max_batch_size, self.args.switch_threshold)
+        self.plan = plan_batch(request, self.max_batch_size, steps.switch_threshold)
         self._sampler.batch_size = self.plan.batch_size
-        if self.args.lr_batch_scaling != "none":
-            factor = lr_factor(self.args.lr_batch_scaling, self.plan.batch_size, self.args.per_device_train_batch_size)
+        if steps.lr_batch_scaling != "none":
+            factor = lr_factor(steps.lr_batch_scaling, self.plan.batch_size, initial)
             apply_lr_factor(self._optimizer, self._scheduler, self._base_lrs, factor)
-        if self.args.lr_batch_scaling in ADAM_RULES:
-            initial = self.args.per_device_train_batch_size
+        if steps.lr_batch_scaling in ADAM_RULES:
             apply_adam_scaling(self._optimizer, self._base_adam, self.plan.batch_size, initial)
 
     def is_round_end(self, step: int) -> bool:
@@ -53,7 +53,7 @@ class InnerSteps:
         return plan_step(
             batch,
             self.plan,
-            measure=self.args.batch_size_test != "none" and self.collector is not None,
+            measure=self.settings.steps.batch_size_test != "none" and self.collector is not None,
             last_of_round=self.is_round_end(step + 1),
             next_last_of_round=self.is_round_end(step + 2),
             has_previous=self.collector is not None and self.collector.has_previous,
@@ -64,7 +64,8 @@ class InnerSteps:
         `sync_gradients` (DDP with processes_per_worker > 1): the steps whose gradient statistics or remembered
         gradient are read. Decided from the step and the plan only, identical on the worker's processes (a process
         that synced while another did not would hang DDP)."""
-        if not self.replica.keeps_local_gradients or self.args.batch_size_test == "none" or self.collector is None:
+        measures = self.settings.steps.batch_size_test != "none"
+        if not self.replica.keeps_local_gradients or not measures or self.collector is None:
             return False
         one_sample = self.plan.batch_size == 1 and not self.plan.accumulates
         return self.is_round_end(step + 1) or (one_sample and self.is_round_end(step + 2))
@@ -80,7 +81,7 @@ class InnerSteps:
 
     def _root_preconditioner(self) -> list[torch.Tensor] | None:
         """√P of `noise_preconditioner="adam"` now (None: the Euclidean metric, or no second moments yet)."""
-        if self.args.noise_preconditioner != "adam":
+        if self.settings.steps.noise_preconditioner != "adam":
             return None
         return adam_root_preconditioner(self._optimizer, self.collector.params)
 
@@ -97,7 +98,8 @@ class InnerSteps:
                 self._tally.stats = self.collector.finish(samples=measured, loss_scale=scale)
             elif plan.statistics is Statistics.PREVIOUS:
                 self._tally.stats = self.collector.finish_with_previous(loss_scale=scale, root_preconditioner=root)
-            if plan.statistics is not Statistics.NONE and self.args.noise_preconditioner == "adam" and root is None:
+            adam = self.settings.steps.noise_preconditioner == "adam"
+            if plan.statistics is not Statistics.NONE and adam and root is None:
                 self._tally.stats = None  # before Adam's first step there is no metric to measure in
             if plan.remember_gradient:
                 self.collector.remember(loss_scale=scale)

@@ -1,0 +1,100 @@
+"""`WorkerSettings`: what a worker reads of the run's settings, read from `AdLoCoConfig` once, when it is made.
+
+The worker and its parts (`start.py`, `steps.py`, `round_end.py`, `resume.py`, the replicas) read these typed
+values, never the config: a setting has one place where it is read (`from_args`) and cannot change during a run.
+The round's decision reads its own, [`RoundRules`] (`rounds/rules.py`), built once the largest micro-batch and the
+data shard are known; the outer step reads [`OuterSettings`] (`outer/settings.py`), held here.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ..outer.settings import OuterSettings
+
+
+__all__ = ["StepSettings", "WorkerSettings"]
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What the inner steps read (`steps.py`): how a request is cut into micro-batches, which gradient statistics a
+    step measures and in which metric, and how the inner optimizer follows the batch."""
+
+    batch_size_test: str  # "none": no statistics are measured
+    noise_preconditioner: str  # "adam": statistics in Adam's metric
+    lr_batch_scaling: str
+    switch_threshold: float  # γ of switch mode
+
+    @classmethod
+    def from_args(cls, args) -> "StepSettings":
+        """From an `AdLoCoConfig`."""
+        return cls(
+            batch_size_test=args.batch_size_test,
+            noise_preconditioner=args.noise_preconditioner,
+            lr_batch_scaling=args.lr_batch_scaling,
+            switch_threshold=args.switch_threshold,
+        )
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """A worker's settings: its processes and their failures, how training starts, the largest micro-batch, merges,
+    the inner steps' (`steps`) and the outer step's (`outer`).
+
+    Built by [`WorkerSettings.from_args`] in `Worker.__init__`, once per run; the Trainer's own settings that the
+    worker needs (`output_dir`, `seed`, the device) are read there too.
+    """
+
+    # the worker's processes, and what happens when something fails
+    processes_per_worker: int  # G
+    worker_parallelism: str  # "ddp" or "fsdp" inside a worker of G > 1 processes
+    worker_timeout: float
+    preemption_grace_seconds: float
+    # the run: where it writes, its seed and device (the Trainer's settings)
+    output_dir: str
+    seed: int
+    device: torch.device
+    # how training starts
+    num_instances: int
+    instance_init: str  # "shared" or "independent" initial weights
+    initial_batch_size: int  # a process's first batch (per_device_train_batch_size); the lr scaling's reference
+    inner_steps: int  # H of the first round (inner_steps_rule="outer_noise" grows it)
+    batch_size_cap: int | None  # the configured cap of a request, as the start banner names it
+    # the largest micro-batch: an integer, or None for "auto" (probed when training starts)
+    max_batch_size: int | None
+    memory_fraction: float  # of free GPU memory, for "auto"
+    # merges
+    save_merges: bool
+    merge_transport: str
+    steps: StepSettings
+    outer: OuterSettings
+
+    @property
+    def sharded(self) -> bool:
+        """worker_parallelism="fsdp" with several processes per worker: they shard one replica."""
+        return self.processes_per_worker > 1 and self.worker_parallelism == "fsdp"
+
+    @classmethod
+    def from_args(cls, args) -> "WorkerSettings":
+        """From an `AdLoCoConfig` (checked already: `config/checks.py`)."""
+        return cls(
+            processes_per_worker=int(args.processes_per_worker or 1),
+            worker_parallelism=args.worker_parallelism,
+            worker_timeout=args.worker_timeout,
+            preemption_grace_seconds=args.preemption_grace_seconds,
+            output_dir=args.output_dir,
+            seed=args.seed,
+            device=args.device,
+            num_instances=args.num_instances,
+            instance_init=args.instance_init,
+            initial_batch_size=args.per_device_train_batch_size,
+            inner_steps=args.inner_steps,
+            batch_size_cap=args.batch_size_cap,
+            max_batch_size=None if args.max_batch_size == "auto" else int(args.max_batch_size),
+            memory_fraction=args.memory_fraction,
+            save_merges=args.save_merges,
+            merge_transport=args.merge_transport,
+            steps=StepSettings.from_args(args),
+            outer=OuterSettings.from_args(args),
+        )
