@@ -6,36 +6,13 @@ import os
 
 import httpx2
 import pytest
+from fake_hub import FakeHubApi
 from helpers import SCRIPTS, launch, sequence_dataset, tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 import adloco_hf.outputs.hub as hub
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-
-
-class FakeHubApi:
-    """Records every call; the first `fail_uploads` uploads (and `fail_repos` repo creations) raise `error`."""
-
-    def __init__(self, fail_uploads=0, fail_repos=0, error=None):
-        self.calls = []
-        self.fail_uploads, self.fail_repos = fail_uploads, fail_repos
-        self.error = error or httpx2.ConnectError("[Errno 111] Connection refused")
-
-    def create_repo(self, repo_id, private=None, exist_ok=False, **kwargs):
-        self.calls.append(("create_repo", repo_id, private))
-        if self.fail_repos:
-            self.fail_repos -= 1
-            raise self.error
-        return type("RepoUrl", (), {"repo_id": repo_id})()
-
-    def upload_folder(self, *, repo_id, folder_path, path_in_repo=None, commit_message=None, revision=None):
-        files = {name: open(os.path.join(folder_path, name), "rb").read() for name in sorted(os.listdir(folder_path))}
-        self.calls.append(("upload_folder", repo_id, path_in_repo, files))
-        if self.fail_uploads:
-            self.fail_uploads -= 1
-            raise self.error
-        return "commit-sha"
 
 
 @pytest.fixture

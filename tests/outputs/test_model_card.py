@@ -8,9 +8,10 @@ import os
 import re
 
 import pytest
+from fake_hub import FakeHubApi
 from helpers import PAPER_ROUNDS, REPO, round_rules, sequence_dataset, tiny_model
 from huggingface_hub import ModelCard
-from test_hub import FakeHubApi, word_tokenizer
+from test_hub import word_tokenizer
 
 import adloco_hf.outputs.hub as hub
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer

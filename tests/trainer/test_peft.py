@@ -6,8 +6,8 @@ import re
 
 import pytest
 import torch
+from fake_hub import FakeHubApi
 from helpers import sequence_dataset, tiny_model
-from test_hub import FakeHubApi
 from transformers import AutoModelForCausalLM
 
 import adloco_hf.outputs.hub as hub
