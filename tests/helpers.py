@@ -5,12 +5,14 @@ Launching and the tiny models come from `adloco_hf.testing` (shared with the ben
 """
 
 import dataclasses
+import importlib
 import json
 import os
 import re
 import types
 
 import datasets
+import huggingface_hub
 import torch
 
 from adloco_hf import AdLoCoConfig
@@ -32,6 +34,7 @@ __all__ = [
     "comparable_rounds",
     "flat_params",
     "free_port",
+    "hub_http",
     "launch",
     "launch_failing",
     "launch_run",
@@ -71,6 +74,10 @@ RESUME_CONFIG = dict(
     max_steps=30, inner_steps=5, save_steps=10, num_instances=2, merge_every=4, per_device_train_batch_size=2,
     max_batch_size=4, eta=0.5, seed=3, optim="adamw_torch", learning_rate=3e-3, lr_batch_scaling="sqrt",
 )  # fmt: skip
+
+# The HTTP library whose errors the installed huggingface_hub raises (the Hub tests fake its failures with them):
+# httpx2 from huggingface_hub 2.0 (which transformers allows from 5.18), httpx before.
+hub_http = importlib.import_module("httpx2" if int(huggingface_hub.__version__.split(".")[0]) >= 2 else "httpx")
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
