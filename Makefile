@@ -5,16 +5,27 @@ BIN := $(VENV)/bin
 # The CPU build of this torch lies on our machines; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_VERSION := 2.13.0
 PYTEST_ARGS ?= --durations=25
+# transformers and accelerate (adloco_hf/common/versions.py holds all three sets): `make install` installs the
+# reference releases (the built-in corpus `builtin:python-source` is their source), `make test-versions` the oldest
+# and the newest supported. Override to try another: make test-versions HIGHEST="transformers==5.25.0 accelerate==1.16.0"
+VERSIONS := adloco_hf/common/versions.py
+REFERENCE = $(shell $(PYTHON) $(VERSIONS) reference)
+LOWEST ?= $(shell $(PYTHON) $(VERSIONS) lowest)
+HIGHEST ?= $(shell $(PYTHON) $(VERSIONS) highest)
+# The core tests run against both: the Trainer's overrides, the config's checks, the Hub, real multi-process launches
+# and the README's commands, the version check itself (about 2 min each on 2 cores).
+VERSION_TESTS := tests/outputs/test_hub.py tests/trainer tests/config tests/worker/test_multiprocess.py \
+	tests/docs/test_readme.py tests/common/test_versions.py
 
-.PHONY: install test test-slow test-all quality style demo demo-report clean gpu-check
+.PHONY: install test test-slow test-all test-versions quality style demo demo-report clean gpu-check
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: setup.py
+$(VENV)/.installed: setup.py $(VERSIONS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev]" $(REFERENCE)
 	touch $@
 
 # Fast suite: everything but the `slow` tests (`cuda` tests skip themselves without a GPU).
@@ -30,6 +41,29 @@ gpu-check: install
 
 test-all: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The core tests against the oldest and the newest supported transformers and accelerate, each in its own venv
+# (.venv-lowest/, .venv-highest/; rebuilt when setup.py or the versions change). Needs the package index.
+test-versions: .venv-lowest/.installed .venv-highest/.installed
+	.venv-lowest/bin/python -m pytest -m "not slow" $(VERSION_TESTS) $(PYTEST_ARGS)
+	.venv-highest/bin/python -m pytest -m "not slow" $(VERSION_TESTS) $(PYTEST_ARGS)
+
+.venv-lowest/.installed: PINS = $(LOWEST)
+.venv-highest/.installed: PINS = $(HIGHEST)
+.venv-lowest/.installed .venv-highest/.installed: setup.py $(VERSIONS)
+	rm -rf $(@D)
+	$(PYTHON) -m venv $(@D)
+	@for pin in $(PINS); do \
+		$(@D)/bin/python -m pip index versions --timeout 20 --retries 1 "$${pin%%==*}" 2>/dev/null \
+			| grep -qE "(: |, )$${pin#*==}(,|$$)" || { \
+			echo "make test-versions: $$pin is not on the package index (unreachable, or without that release)." \
+			"It installs the oldest and newest supported releases ($(PINS)), so it needs the index:" \
+			"check the network or PIP_INDEX_URL, or run make test alone." >&2; exit 1; }; \
+	done
+	$(@D)/bin/python -m pip install -q --upgrade pip
+	$(@D)/bin/python -m pip install -q torch==$(TORCH_VERSION)
+	$(@D)/bin/python -m pip install -q -e ".[dev]" $(PINS)
+	touch $@
 
 quality: install
 	$(BIN)/ruff check adloco_hf recipes tests
@@ -49,4 +83,4 @@ demo-report: install
 	$(BIN)/python -m recipes.benchmarks.demo_report
 
 clean:
-	rm -rf outputs .pytest_cache .ruff_cache build *.egg-info
+	rm -rf outputs .pytest_cache .ruff_cache build *.egg-info .venv-lowest .venv-highest

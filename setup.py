@@ -1,11 +1,15 @@
+import runpy
+
 from setuptools import find_packages, setup
 
 
+# transformers and accelerate: every release from the oldest tested to the next major (why no tighter upper bound, and
+# which releases CI tests: adloco_hf/common/versions.py, read as a file because the package is not installed yet).
+versions = runpy.run_path("adloco_hf/common/versions.py")
 # torch is pinned for the CPU build that lies on this project's machines; any torch>=2.4 works for users.
 install_requires = [
     "torch>=2.4",
-    "transformers==5.23.0",
-    "accelerate==1.15.0",
+    *versions["requirements"](),
     "datasets>=4.0",
     "safetensors>=0.4",
     "huggingface_hub>=1.0",
@@ -17,7 +21,7 @@ install_requires = [
 
 extras = {
     # ruff is pinned: its formatter and rules change between releases and `make quality` runs in CI.
-    # peft: tests/test_peft.py trains a LoRA adapter (pinned to the release tested with transformers 5.23).
+    # peft: tests/test_peft.py trains a LoRA adapter (pinned; it works with every supported transformers).
     "dev": ["pytest>=8.0", "pytest-timeout>=2.3", "ruff==0.17.6", "peft==0.21.2"],
 }
 

@@ -1,5 +1,11 @@
 """adloco_hf: AdLoCo (adaptive-batch, multi-instance DiLoCo; arXiv 2508.18182) for the Hugging Face Trainer."""
 
+from .common.versions import check_installed_versions
+
+
+# First: an unsupported transformers or accelerate is named before importing them could fail some other way.
+check_installed_versions()
+
 from . import _aliases
 from .batch.size_tests import augmented_inner_product_test, estimate_variance, inner_product_test, norm_test
 from .batch.switch_mode import BatchPlan, plan_batch

@@ -2,7 +2,7 @@
 
 import os
 
-import httpx2
+from helpers import hub_http
 
 
 __all__ = ["FakeHubApi"]
@@ -14,7 +14,7 @@ class FakeHubApi:
     def __init__(self, fail_uploads=0, fail_repos=0, error=None):
         self.calls = []
         self.fail_uploads, self.fail_repos = fail_uploads, fail_repos
-        self.error = error or httpx2.ConnectError("[Errno 111] Connection refused")
+        self.error = error or hub_http.ConnectError("[Errno 111] Connection refused")
 
     def create_repo(self, repo_id, private=None, exist_ok=False, **kwargs):
         self.calls.append(("create_repo", repo_id, private))

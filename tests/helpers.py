@@ -5,12 +5,14 @@ Launching and the tiny models come from `adloco_hf.testing` (shared with the ben
 """
 
 import dataclasses
+import importlib
 import json
 import os
 import re
 import types
 
 import datasets
+import huggingface_hub
 import torch
 
 from adloco_hf import AdLoCoConfig
@@ -33,6 +35,7 @@ __all__ = [
     "comparable_rounds",
     "flat_params",
     "free_port",
+    "hub_http",
     "launch",
     "launch_failing",
     "launch_run",
@@ -82,6 +85,10 @@ TWO_BY_TWO = dict(
     processes_per_worker=2, max_steps=12, inner_steps=4, outer_lr=1.0, outer_momentum=0.0,
     pseudo_grad_dtype="float32", save_strategy="no",
 )  # fmt: skip
+
+# The HTTP library whose errors the installed huggingface_hub raises (the Hub tests fake its failures with them):
+# httpx2 from huggingface_hub 2.0 (which transformers allows from 5.18), httpx before.
+hub_http = importlib.import_module("httpx2" if int(huggingface_hub.__version__.split(".")[0]) >= 2 else "httpx")
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)

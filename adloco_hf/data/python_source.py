@@ -1,7 +1,9 @@
 """The built-in corpus `builtin:python-source`: the source code of the pinned packages installed with the library.
 
-Every install of `adloco_hf` carries transformers 5.23.0, torch 2.13.0 and accelerate 1.15.0, and the source files
-of a release are the same bytes on every machine. Their Python source (code, docstrings, comments) and PyTorch's
+The reference install (`make install`: transformers 5.23.0, torch 2.13.0 and accelerate 1.15.0, the releases of
+`common/versions.py`'s `REFERENCE`) carries them, and the source files of a release are the same bytes on every
+machine. `adloco_hf` runs with other transformers and accelerate releases too; there this corpus is refused (rule 1)
+and its export loads instead ([`corpus_export`]). Their Python source (code, docstrings, comments) and PyTorch's
 own C++ headers, 6,226 files and 109 MB, make a corpus of 31.0 M train tokens (4096-token byte-level BPE) that needs
 no network, is identical everywhere, and is large enough that benchmarks and the demo do not repeat their data.
 How it is made, every rule in `_RULES` (which is in the corpus's fingerprint, so changing a rule rebuilds every
@@ -47,14 +49,15 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import datasets
 
+from ..common.versions import REFERENCE
 from ._cache import _FORMAT_VERSION, _hash
 
 
 logger = logging.getLogger(__name__)
 
 BUILTIN_SOURCE_CORPUS = "builtin:python-source"
-# The releases `setup.py` and the Makefile install; the corpus is defined by these exact versions.
-PINNED_VERSIONS = {"transformers": "5.23.0", "torch": "2.13.0", "accelerate": "1.15.0"}
+# The releases the Makefile installs (`REFERENCE`; setup.py allows a range); the corpus is these exact versions'.
+PINNED_VERSIONS = {"transformers": REFERENCE["transformers"], "torch": "2.13.0", "accelerate": REFERENCE["accelerate"]}
 
 # `corpus_fingerprint` of the corpus on the reference install (Linux, CPython 3.11, torch 2.13.0+cpu): 6,226 files,
 # 109 MB; 31,016,064 train and 114,944 eval tokens in blocks of 128 with the 4096-token BPE. Update it (and those
@@ -139,7 +142,7 @@ def check_pinned_versions(pins: Mapping[str, str] = PINNED_VERSIONS) -> dict[str
             raise RuntimeError(
                 f"{BUILTIN_SOURCE_CORPUS} is made of the source of {package}=={pinned}, but {package} {version} is "
                 f"installed: the corpus would differ from every other machine's. Install {package}=={pinned} "
-                "(as setup.py and the Makefile do), use another corpus, or load an export of it made where the "
+                "(as `make install` does), use another corpus, or load an export of it made where the "
                 "pins are installed (ADLOCO_SOURCE_CORPUS, see adloco_hf.data.corpus_export)."
             )
         found[package] = version

@@ -23,6 +23,7 @@ from ..checkpoint.folders import save_errors
 from ..checkpoint.manifest import resolve_checkpoint
 from ..common.console import restart_rate_estimate
 from ..common.inputs import batch_length, count_tokens
+from ..common.versions import end_training
 from ..config.arguments import AdLoCoConfig
 from ..evaluation.evaluate import evaluate_instances
 from ..evaluation.view import EvaluationSettings, EvaluationView
@@ -351,7 +352,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         process groups destroyed at interpreter exit (`destroy_process_groups_at_exit`).
         """
         self.worker.monitor.check("end of training")
-        super().end()
+        end_training(self, super())  # Trainer.end() is new in transformers 5.18
 
     # ---- merges and the merged model ----
     def _save_global_weights(self, folder: str, phi, *, title: str, extra: dict | None = None) -> str:

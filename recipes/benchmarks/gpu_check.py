@@ -18,7 +18,8 @@ even if an earlier one failed; its outcome is a row of the table):
 
 On a CUDA image whose torch is not the pinned 2.13.0 (the built-in corpus is made of its source), export the corpus
 where the pins are installed and point the GPU machine at it; `make gpu-check` would reinstall torch, so call the
-module with the image's own Python there:
+module with the image's own Python there (its transformers and accelerate serve when in the supported range,
+`adloco_hf/common/versions.py`):
 
     python -m adloco_hf.data.corpus_export .corpus                                # on a machine with the pins
     ADLOCO_SOURCE_CORPUS=$PWD/.corpus python -m recipes.benchmarks.gpu_check     # on the GPU machine

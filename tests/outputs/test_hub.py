@@ -4,10 +4,9 @@ import json
 import logging
 import os
 
-import httpx2
 import pytest
 from fake_hub import FakeHubApi
-from helpers import SCRIPTS, launch, sequence_dataset, tiny_model
+from helpers import SCRIPTS, hub_http, launch, sequence_dataset, tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -87,7 +86,7 @@ def test_explicit_push_to_an_unreachable_hub_raises_one_error_naming_the_folder(
     error = raised.value
     assert (error.folder, error.repo_id) == (folder, "me/adloco-tiny")
     assert folder in str(error) and "me/adloco-tiny" in str(error) and "ConnectError" in str(error)
-    assert isinstance(error.__cause__, httpx2.ConnectError)  # the original, chained
+    assert isinstance(error.__cause__, hub_http.ConnectError)  # the original, chained
     uploads = [c for c in fake_hub.calls if c[0] == "upload_folder"]
     assert len(uploads) == hub.PUSH_ATTEMPTS  # tried a bounded number of times
     assert AutoModelForCausalLM.from_pretrained(folder) is not None  # the model is where the error says
@@ -96,7 +95,7 @@ def test_explicit_push_to_an_unreachable_hub_raises_one_error_naming_the_folder(
     fake_hub.fail_repos = 99
     with pytest.raises(hub.HubUploadError, match="me/adloco-tiny") as raised:
         trainer.push_merged_to_hub("me/adloco-tiny")
-    assert raised.value.folder == folder and isinstance(raised.value.__cause__, httpx2.ConnectError)
+    assert raised.value.folder == folder and isinstance(raised.value.__cause__, hub_http.ConnectError)
 
 
 def test_a_push_that_fails_once_is_retried_and_succeeds(tmp_path, fake_hub):
@@ -109,8 +108,8 @@ def test_a_push_that_fails_once_is_retried_and_succeeds(tmp_path, fake_hub):
 
 def test_a_refusal_is_not_retried(tmp_path, fake_hub):
     trainer = train_without_push(tmp_path)
-    refused = httpx2.HTTPStatusError(
-        "401 Unauthorized", request=httpx2.Request("POST", "https://hub"), response=httpx2.Response(401)
+    refused = hub_http.HTTPStatusError(
+        "401 Unauthorized", request=hub_http.Request("POST", "https://hub"), response=hub_http.Response(401)
     )
     fake_hub.fail_uploads, fake_hub.error = 99, refused
     with pytest.raises(hub.HubUploadError, match="after 1 try"):

@@ -9,9 +9,8 @@ import logging
 import os
 import sys
 
-import httpx2
 import torch.distributed as dist
-from helpers import sequence_dataset, tiny_model
+from helpers import hub_http, sequence_dataset, tiny_model
 
 import adloco_hf.outputs.hub as hub
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
@@ -28,7 +27,7 @@ class UnreachableHub:
 
     def upload_folder(self, **kwargs):
         self.uploads += 1
-        raise httpx2.ConnectError("[Errno 111] Connection refused")
+        raise hub_http.ConnectError("[Errno 111] Connection refused")
 
 
 class Warnings(logging.Handler):
