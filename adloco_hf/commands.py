@@ -43,7 +43,8 @@ def _is_model_folder(path: str) -> bool:
 
 
 def _is_checkpoint(path: str) -> bool:
-    return os.path.isdir(os.path.join(path, "adloco")) or re.fullmatch(r"checkpoint-\d+", os.path.basename(path))
+    name = os.path.basename(os.path.normpath(path))
+    return os.path.isdir(os.path.join(path, "adloco")) or re.fullmatch(r"checkpoint-\d+", name) is not None
 
 
 def model_folder(source: str) -> str:
