@@ -44,4 +44,6 @@ setup(
     python_requires=">=3.10",
     install_requires=install_requires,
     extras_require=extras,
+    # `adloco-hf summary|plot|verify|export|push RUN`: what users do after training (adloco_hf/commands.py).
+    entry_points={"console_scripts": ["adloco-hf = adloco_hf.cli:main"]},
 )

@@ -1,4 +1,7 @@
-"""Command lines of the recipes: dataclass arguments from a YAML file, overridden on the command line; their logging.
+"""Command lines: the recipes' (dataclass arguments from a YAML file, overridden on the command line; their `--help`
+grouped with AdLoCo's options first; their logging), and `adloco-hf` for what comes after training.
+
+`adloco-hf summary|plot|verify|export|push` (also `python -m adloco_hf.cli`) is in `commands.py`; [`main`] runs it.
 
 `accelerate launch recipes/pretrain_c4.py --config recipes/configs/demo.yaml --max_steps 40` reads every field of
 the YAML file as a default, then parses the command line as usual, so the command line wins. Precedence, lowest
@@ -17,6 +20,7 @@ script_args, training_args = parse_args_with_yaml(parser)  # python train.py --c
 """
 
 import argparse
+import dataclasses
 import difflib
 import logging
 import os
@@ -28,8 +32,19 @@ import transformers
 import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
+from .config.arguments import AdLoCoConfig
+from .config.fields import GROUPS
 
-__all__ = ["CONFIG_FLAG", "load_yaml_defaults", "parse_args_with_yaml", "setup_logging"]
+
+__all__ = [
+    "CONFIG_FLAG",
+    "group_options",
+    "load_yaml_defaults",
+    "main",
+    "parse_args_with_yaml",
+    "recipe_parser",
+    "setup_logging",
+]
 
 CONFIG_FLAG = "--config"
 
@@ -143,6 +158,82 @@ def parse_args_with_yaml(
     return tuple(output for output in outputs if not isinstance(output, argparse.Namespace))
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """The defaults after each option's help (as `HfArgumentParser`'s), the description as written (its examples)."""
+
+
+# AdLoCo's four groups of fields, under these titles (their docstrings describe them).
+_GROUP_TITLES = {
+    "RoundFields": "AdLoCo: rounds",
+    "InstanceFields": "AdLoCo: instances and merges",
+    "BatchFields": "AdLoCo: batch size",
+    "WorkerFields": "AdLoCo: workers and failures",
+}
+
+
+def _dest_actions(parser: argparse.ArgumentParser) -> dict[str, list[argparse.Action]]:
+    actions: dict[str, list[argparse.Action]] = {}
+    for action in parser._optionals._group_actions:
+        actions.setdefault(action.dest, []).append(action)
+    return actions
+
+
+def group_options(parser: argparse.ArgumentParser, groups: list[tuple[str, str | None, list[str]]]) -> None:
+    """Move options out of the parser's one list into titled groups, printed by `--help` in the order given (after
+    `-h` and `--config`, which stay first). Parsing is unchanged: only the help's sections move.
+
+    Args:
+        groups: (title, description, destinations) per group; a bool field's `--x` and `--no_x` move together.
+    """
+    actions = _dest_actions(parser)
+    for title, description, dests in groups:
+        group = parser.add_argument_group(title, description)
+        for dest in dests:
+            for action in actions.pop(dest, []):
+                parser._optionals._group_actions.remove(action)
+                group._group_actions.append(action)
+
+
+def _fields(dataclass: type) -> list[str]:
+    return [field.name for field in dataclasses.fields(dataclass) if field.init]
+
+
+def recipe_parser(script_arguments: type, description: str, prog: str | None = None) -> HfArgumentParser:
+    """The parser of a Trainer recipe: `HfArgumentParser((script_arguments, AdLoCoConfig))` whose `--help` starts with
+    a short usage and `description`, then AdLoCo's options in their four groups, the recipe's own (`script_arguments`,
+    described by its docstring), and last the `TrainingArguments` options (a few hundred lines)."""
+    parser = HfArgumentParser(
+        (script_arguments, AdLoCoConfig),
+        prog=prog,
+        usage="%(prog)s [-h] [--config FILE.yaml] [--OPTION VALUE ...]",
+        description=description,
+        formatter_class=_HelpFormatter,
+    )
+    adloco = {name for group in GROUPS for name in _fields(group)}
+    trainer = [name for name in _fields(AdLoCoConfig) if name not in adloco]
+    script_doc = (script_arguments.__doc__ or "").strip().splitlines()
+    group_options(
+        parser,
+        [(_GROUP_TITLES[group.__name__], group.__doc__.strip(), _fields(group)) for group in GROUPS]
+        + [
+            (
+                f"this recipe ({script_arguments.__name__})",
+                script_doc[0] if script_doc else None,
+                _fields(script_arguments),
+            )
+        ]
+        + [("transformers TrainingArguments", "Every field of the Trainer's TrainingArguments.", trainer)],
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`adloco-hf` (and `python -m adloco_hf.cli`): summarise, plot, verify, export or push a run (`commands.py`)."""
+    from .commands import main as run_command
+
+    return run_command(argv)
+
+
 def setup_logging(training_args: TrainingArguments) -> None:
     """INFO on global rank 0 (the library's per-round lines), WARNING on the other workers, each line tagged with
     its rank; transformers and datasets follow `log_level` / `log_level_replica`."""
@@ -162,3 +253,7 @@ def setup_logging(training_args: TrainingArguments) -> None:
     datasets.utils.logging.set_verbosity(log_level)
     if not is_main:
         datasets.disable_progress_bars()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

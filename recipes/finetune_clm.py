@@ -1,4 +1,4 @@
-"""Fine-tune a saved causal LM with AdLoCo on your own text, and report its perplexity before and after.
+r"""Fine-tune a saved causal LM with AdLoCo on your own text, and report its perplexity before and after.
 
 The model folder gives the weights and the tokenizer (e.g. the demo's `outputs/demo/merged`); the text comes from
 local files (`--dataset_files`: `.jsonl`/`.json` with a `text` column, `.txt` with one document per line, `.csv`,
@@ -41,7 +41,7 @@ from transformers import AutoTokenizer, HfArgumentParser, default_data_collator
 
 import adloco_hf
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-from adloco_hf.cli import parse_args_with_yaml, setup_logging
+from adloco_hf.cli import parse_args_with_yaml, recipe_parser, setup_logging
 from adloco_hf.data import build_lm_datasets, lm_dataset_stats, load_text_corpus
 from adloco_hf.presets import build_model
 
@@ -131,8 +131,8 @@ def data_label(script_args: ScriptArguments) -> str:
 
 def build_parser() -> HfArgumentParser:
     """The recipe's command line: `ScriptArguments` and every field of `AdLoCoConfig` (and `--config FILE.yaml`, added
-    by `parse_args_with_yaml`)."""
-    return HfArgumentParser((ScriptArguments, AdLoCoConfig))
+    by `parse_args_with_yaml`); `--help` starts with this module's docstring, then AdLoCo's options."""
+    return recipe_parser(ScriptArguments, __doc__)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, AdLoCoConfig]:
@@ -202,17 +202,18 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError(f"block_size={block_size} exceeds the model's max_position_embeddings={max_positions}")
 
     # ---- dataset ----
-    # The main process reads (or streams) the documents into the datasets cache first; the others then reuse it.
-    with training_args.main_process_first(desc="loading the corpus"):
+    # The main process reads (or streams) the documents into the datasets cache and tokenises them first (the
+    # tokenisation's cache files sit beside the documents'); the others then reuse both.
+    with training_args.main_process_first(desc="loading and tokenising the corpus"):
         texts = load_documents(script_args)
-    lm_datasets = build_lm_datasets(
-        texts,
-        tokenizer,
-        block_size=block_size,
-        eval_fraction=script_args.eval_fraction,
-        max_eval_documents=script_args.max_eval_documents,
-        cache_dir=script_args.cache_dir,
-    )
+        lm_datasets = build_lm_datasets(
+            texts,
+            tokenizer,
+            block_size=block_size,
+            eval_fraction=script_args.eval_fraction,
+            max_eval_documents=script_args.max_eval_documents,
+            cache_dir=script_args.cache_dir,
+        )
     logger.info("data %s: %s", data_label(script_args), lm_dataset_stats(lm_datasets))
 
     # ---- training ----

@@ -1,4 +1,4 @@
-"""Pretrain a causal language model with AdLoCo: adaptive batches, several instances that merge, DiLoCo rounds.
+r"""Pretrain a causal language model with AdLoCo: adaptive batches, several instances that merge, DiLoCo rounds.
 
 Every process of `accelerate launch` is one worker. A YAML file gives the arguments (`--config`), the command line
 overrides any of them (`--max_steps 400`), and `--help` lists them all: this script's (below) and every field of
@@ -43,7 +43,7 @@ from transformers import HfArgumentParser, default_data_collator
 from transformers.trainer_utils import get_last_checkpoint
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-from adloco_hf.cli import parse_args_with_yaml, setup_logging
+from adloco_hf.cli import parse_args_with_yaml, recipe_parser, setup_logging
 from adloco_hf.data import (
     BUILTIN_CORPUS,
     BUILTIN_SOURCE_CORPUS,
@@ -178,8 +178,8 @@ def streamed_datasets(script_args: ScriptArguments, tokenizer, world_size: int):
 
 def build_parser() -> HfArgumentParser:
     """The recipe's command line: `ScriptArguments` and every field of `AdLoCoConfig` (and `--config FILE.yaml`, added
-    by `parse_args_with_yaml`)."""
-    return HfArgumentParser((ScriptArguments, AdLoCoConfig))
+    by `parse_args_with_yaml`); `--help` starts with this module's docstring, then AdLoCo's options."""
+    return recipe_parser(ScriptArguments, __doc__)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, AdLoCoConfig]:
@@ -209,20 +209,21 @@ def main(argv: list[str] | None = None) -> None:
             "num_documents limits a materialised corpus; with --streaming the training stream has no limit (stop "
             "with max_steps, or pass fewer --dataset_files): drop num_documents (--num_documents null)"
         )
-    # The main process streams (C4) or reads the documents into the datasets cache first; the others then reuse it.
-    # Streaming, only a trained tokenizer's sample is read here (its first tokenizer_documents documents).
+    # The main process streams (C4) or reads the documents into the datasets cache and trains the tokenizer into
+    # cache_dir first; the others then reuse both. Streaming, only a trained tokenizer's sample is read here (its
+    # first tokenizer_documents documents).
     texts = None
-    if not script_args.streaming or tokenizer_source is None:
-        with training_args.main_process_first(desc="loading the corpus"):
+    with training_args.main_process_first(desc="loading the corpus and the tokenizer"):
+        if not script_args.streaming or tokenizer_source is None:
             texts = load_text_corpus(
                 script_args.dataset_name,
                 num_documents=script_args.tokenizer_documents if script_args.streaming else script_args.num_documents,
                 data_files=script_args.dataset_files,
                 text_column=script_args.text_column,
             )
-    tokenizer = load_or_train_tokenizer(
-        tokenizer_source, texts, vocab_size=script_args.tokenizer_vocab_size, cache_dir=script_args.cache_dir
-    )
+        tokenizer = load_or_train_tokenizer(
+            tokenizer_source, texts, vocab_size=script_args.tokenizer_vocab_size, cache_dir=script_args.cache_dir
+        )
     overrides = None
     if is_preset:
         overrides = {
@@ -253,15 +254,17 @@ def main(argv: list[str] | None = None) -> None:
     if script_args.streaming:
         train_dataset, eval_dataset = streamed_datasets(script_args, tokenizer, training_args.world_size)
     else:
-        lm_datasets = build_lm_datasets(
-            texts,
-            tokenizer,
-            block_size=script_args.block_size,
-            eval_fraction=script_args.eval_fraction,
-            max_eval_documents=script_args.max_eval_documents,
-            cache_dir=script_args.cache_dir,
-            num_proc=script_args.preprocessing_num_workers,
-        )
+        # The main process tokenises and packs into cache_dir first; the others load what it wrote.
+        with training_args.main_process_first(desc="tokenising and packing"):
+            lm_datasets = build_lm_datasets(
+                texts,
+                tokenizer,
+                block_size=script_args.block_size,
+                eval_fraction=script_args.eval_fraction,
+                max_eval_documents=script_args.max_eval_documents,
+                cache_dir=script_args.cache_dir,
+                num_proc=script_args.preprocessing_num_workers,
+            )
         logger.info("data %s: %s", script_args.dataset_name, lm_dataset_stats(lm_datasets))
         train_dataset, eval_dataset = lm_datasets["train"], lm_datasets["eval"]
 

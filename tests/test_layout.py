@@ -29,8 +29,15 @@ LAYERS = [
     "trainer",
 ]
 # Modules directly in the package: the public names, the old module paths, the recipes' command lines and models,
-# the test launcher. They sit above every folder.
-TOP = {"adloco_hf", "adloco_hf._aliases", "adloco_hf.cli", "adloco_hf.presets", "adloco_hf.testing"}
+# `adloco-hf`'s commands, the test launcher. They sit above every folder.
+TOP = {
+    "adloco_hf",
+    "adloco_hf._aliases",
+    "adloco_hf.cli",
+    "adloco_hf.commands",
+    "adloco_hf.presets",
+    "adloco_hf.testing",
+}
 MAX_LINES = 400
 
 

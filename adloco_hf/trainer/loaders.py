@@ -8,6 +8,7 @@ from transformers import Trainer
 from ..sampling.sampler import AdaptiveBatchSampler, adaptive_train_loader
 from ..sampling.stream import is_stream
 from ..sampling.stream_sampler import AdaptiveStreamSampler, adaptive_stream_loader
+from .inputs_check import check_eval_batches, check_first_batch
 
 
 __all__ = ["train_loader"]
@@ -16,7 +17,10 @@ __all__ = ["train_loader"]
 def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | AdaptiveStreamSampler]:
     """The loader of `trainer.train_dataset` and the sampler that plans its batches. A map-style dataset is shuffled
     and sharded by `AdaptiveBatchSampler`; a stream goes through `AdaptiveStreamSampler` (this worker's part of it,
-    batches of the planned size). Unused columns are removed as the Trainer's own loader does."""
+    batches of the planned size). Unused columns are removed as the Trainer's own loader does.
+
+    Called before training starts (before any worker sets up its rounds or writes a file): a map-style dataset's
+    first batch, and every evaluation set's, must hold the model's input (`inputs_check.py`)."""
     args, dataset, collator = trainer.args, trainer.train_dataset, trainer.data_collator
     if is_stream(dataset):
         loader = adaptive_stream_loader(
@@ -27,6 +31,7 @@ def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | A
             rank=args.process_index,
             pin_memory=args.dataloader_pin_memory,
         )
+        check_eval_batches(trainer)
         return loader, loader.dataset
     if isinstance(dataset, datasets.Dataset):
         dataset = trainer._remove_unused_columns(dataset, description="training")
@@ -41,4 +46,6 @@ def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | A
         seed=args.data_seed if args.data_seed is not None else args.seed,
         pin_memory=args.dataloader_pin_memory,
     )
+    check_first_batch(trainer, loader.dataset, loader.collate_fn, original=trainer.train_dataset)
+    check_eval_batches(trainer)
     return loader, loader.batch_sampler

@@ -21,6 +21,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..checkpoint.folders import save_errors
 from ..checkpoint.manifest import resolve_checkpoint
+from ..common.collectives import collective, watch_exit
 from ..common.console import restart_rate_estimate
 from ..common.inputs import batch_length, count_tokens
 from ..common.versions import end_training
@@ -103,6 +104,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         events = AdLoCoCallback(start=self._start_rounds, step_end=self._maybe_end_round, end=self._finish_rounds)
         self.callback_handler.callbacks.insert(1, events)
         use_round_console(self.callback_handler)  # a round prints one line, not its adloco/* dict (console.py)
+        watch_exit()  # a worker that leaves while the others wait in a collective is seen leaving (`collective`)
 
     @property
     def adloco_state(self) -> AdLoCoState:
@@ -183,6 +185,9 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         if self.args.push_to_hub:
             self.push_at_end_of_training()  # a failure is raised by train() once every callback saw the end
 
+    # The public collectives: every worker calls them, in the same order; one that calls one alone (`if rank == 0:`)
+    # fails at once with the rule named, instead of waiting up to worker_timeout (`common/collectives.py`).
+    @collective("train()")
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`; raises [`TrainingPreempted`] naming the checkpoint written when SIGTERM/SIGINT stopped it.
         The checkpoint to resume from is verified first; `True` takes the newest intact one (`checkpoint/manifest.py`).
@@ -270,6 +275,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         """Forward and backward on `size` training samples, gradients cleared after (for max_batch_size='auto')."""
         probe_step(self, size)
 
+    @collective("evaluate()")
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Exact token-weighted loss, `compute_metrics` and (causal LMs only) perplexity of every model being trained.
 
@@ -306,6 +312,10 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         """Every worker's state, staged and renamed into place once all have written (see `trainer/staged_save.py`)."""
         save_staged_checkpoint(self, self.worker, trial)
 
+    @collective(
+        "save_model()",
+        when=lambda self, *args, _internal_call=False, **kwargs: self.worker.fsdp and not _internal_call,
+    )
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """worker_parallelism="fsdp": the full model gathered inside worker 0 (collective over its processes) and
         written by rank 0 as plain safetensors that `from_pretrained` loads; otherwise the Trainer's."""
@@ -344,6 +354,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         self.state.compute_steps(self.args, max_steps)
         return trained
 
+    @collective("end()")
     def end(self) -> None:
         """Wait for every worker, then finish the trackers and destroy the process groups (call it last).
 
@@ -361,6 +372,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         because the model cards (`MergedModelHubMixin`) save through it."""
         return save_global_weights_folder(self, folder, phi, title=title, extra=extra)
 
+    @collective("save_merged_model()")
     def save_merged_model(self, output_dir: str | None = None) -> str:
         """Merge the surviving instances (demand-weighted) into every worker's model and save it on rank 0.
 
@@ -378,3 +390,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
             logger.info("saved the merged model to %s", folder)
         self.worker.monitor.check(f"saving {folder}", self.worker.resume_hint)
         return folder
+
+    predict = collective("predict()")(Trainer.predict)
+    push_merged_to_hub = collective("push_merged_to_hub()")(MergedModelHubMixin.push_merged_to_hub)
+    push_to_hub = collective("push_to_hub()")(MergedModelHubMixin.push_to_hub)

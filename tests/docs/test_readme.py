@@ -269,6 +269,23 @@ def test_a_rejected_argument_fails_the_check(tmp_path):
         parse_recipe_args(broken)
 
 
+def test_every_documented_adloco_hf_command_parses():
+    """`adloco-hf ...` in the docs' shell blocks, parsed by the command's own parser (tests/recipes/test_cli.py runs
+    each command on a real run)."""
+    from adloco_hf.commands import build_parser
+
+    commands = [c for path in DOC_FILES for c in page_commands(path) if c.text.split()[0] == "adloco-hf"]
+    assert {shlex.split(c.text, comments=True)[1] for c in commands} >= {
+        "summary",
+        "plot",
+        "verify",
+        "export",
+        "push",
+    }, commands
+    for command in commands:
+        assert parse_or_fail(build_parser(), shlex.split(command.text, comments=True)[1:], command) is not None
+
+
 # ---- run end to end: the fine-tune command and the plot of its run, offline and at tiny sizes ----
 
 TINY = ["--max_steps", "20", "--block_size", "32", "--report_to", "none", "--disable_tqdm", "true"]
@@ -391,6 +408,24 @@ def readme_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+# What the example's data calls build (the tokenizer's training and the packing), recorded per rank by a preamble
+# of the launched script: the example's order decides whether one worker builds or all of them race to.
+RECORD_BUILDS = """
+import os, torch.distributed as dist
+import adloco_hf.data.packing as _packing, adloco_hf.data.tokenizer as _tokenizer
+def _recorded(module, name):
+    original = getattr(module, name)
+    def build(*args, **kwargs):
+        rank = dist.get_rank() if dist.is_initialized() else "no group"
+        with open(os.path.join({folder!r}, "builds.txt"), "a") as f:
+            f.write(f"{{name}} rank {{rank}}\\n")
+        return original(*args, **kwargs)
+    setattr(module, name, build)
+_recorded(_packing, "_tokenize_and_pack")
+_recorded(_tokenizer, "_train_byte_level_bpe")
+"""
+
+
 @pytest.mark.multiprocess
 def test_the_first_example_of_the_readme_trains_on_cpu_workers(tmp_path):
     code = readme_example()
@@ -399,7 +434,8 @@ def test_the_first_example_of_the_readme_trains_on_cpu_workers(tmp_path):
     code = code.replace("max_steps=200", "max_steps=40").replace("eval_steps=100", "eval_steps=40")
     code = code.replace('"out"', repr(str(tmp_path / "out"))).replace('"cache"', repr(str(tmp_path / "cache")))
     script = tmp_path / "train.py"
-    script.write_text(code + "\nassert trainer.args.world_size == 4, trainer.args.world_size\n")
+    preamble = RECORD_BUILDS.format(folder=str(tmp_path))
+    script.write_text(preamble + code + "\nassert trainer.args.world_size == 4, trainer.args.world_size\n")
     result = launch(str(script), num_processes=4, timeout=600)
     output = result.stdout + result.stderr
     assert os.path.isfile(tmp_path / "out" / "merged" / "model.safetensors")
@@ -410,3 +446,64 @@ def test_the_first_example_of_the_readme_trains_on_cpu_workers(tmp_path):
     assert "9,223,372,036,854,775,807" not in output and "Num Epochs" not in output
     assert "AdLoCo: 4 workers, 2 instances, max_steps 40 in 2 rounds of 20 inner steps" in output
     assert output.count("The tokenizer has new PAD/BOS/EOS tokens") == 1
+    # The 4 workers share one cache: rank 0 trained the tokenizer and packed the data once, the others read it (with
+    # the data built before the config, there is no process group yet and every worker builds into the cache at once).
+    builds = sorted((tmp_path / "builds.txt").read_text().splitlines())
+    assert builds == ["_tokenize_and_pack rank 0", "_train_byte_level_bpe rank 0"], builds
+
+
+def test_the_readme_example_checks_its_config_before_building_any_data(tmp_path, monkeypatch):
+    """The example run with a config mistake (eval_steps not a multiple of inner_steps): AdLoCoConfig refuses it
+    before the corpus is read, the tokenizer trained, the data packed or the model built."""
+    import adloco_hf.data
+    import adloco_hf.presets
+
+    def too_early(name):
+        def build(*args, **kwargs):
+            raise AssertionError(f"the README example calls {name} before AdLoCoConfig has checked its settings")
+
+        return build
+
+    for module, name in [
+        (adloco_hf.data, "load_text_corpus"),
+        (adloco_hf.data, "load_or_train_tokenizer"),
+        (adloco_hf.data, "build_lm_datasets"),
+        (adloco_hf.presets, "build_model"),
+    ]:
+        monkeypatch.setattr(module, name, too_early(name))
+    code = readme_example().replace('"out"', repr(str(tmp_path / "out"))).replace('"cache"', repr(str(tmp_path)))
+    assert "eval_steps=100" in code
+    with pytest.raises(ValueError, match="eval_steps"):
+        exec(compile(code.replace("eval_steps=100", "eval_steps=30"), "README.md", "exec"), {})
+
+
+def test_the_readme_example_prepares_its_data_under_main_process_first():
+    """Every data call of the example (reading, tokenizer, packing) sits in `with args.main_process_first(...)`."""
+    tree = ast.parse(readme_example())
+    data_calls = {"load_text_corpus", "load_or_train_tokenizer", "build_lm_datasets"}
+
+    def called(nodes) -> set[str]:
+        return {
+            node.func.id
+            for tree in nodes
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        }
+
+    guarded = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.With)
+        and any(
+            isinstance(item.context_expr, ast.Call)
+            and getattr(item.context_expr.func, "attr", None) == "main_process_first"
+            for item in node.items
+        )
+    ]
+    assert guarded, "the README example has no `with args.main_process_first(...)` block"
+    outside = [node for node in tree.body if node not in guarded]
+    assert data_calls <= called(guarded), called(guarded)
+    assert not data_calls & called(outside), data_calls & called(outside)
+    # ...and the block comes after the config: `main_process_first` needs the workers' group the config forms.
+    config = next(i for i, node in enumerate(tree.body) if "AdLoCoConfig" in called([node]))
+    assert config < tree.body.index(guarded[0])
