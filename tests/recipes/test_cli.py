@@ -114,7 +114,13 @@ def test_export_writes_a_plain_folder_that_loads_the_merged_weights(run, tmp_pat
     result = adloco_hf_cli("export", run, str(dest), "--dtype", "bfloat16")
     assert result.returncode == 0, result.stderr
     assert "LlamaForCausalLM" in result.stdout
-    assert sorted(os.listdir(dest)) == ["README.md", "config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(os.listdir(dest)) == [
+        "README.md",
+        "adloco_run.png",  # the run's plot, which the card shows
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
     exported = AutoModelForCausalLM.from_pretrained(dest)
     merged = AutoModelForCausalLM.from_pretrained(os.path.join(run, "merged"))
     assert exported.dtype == torch.bfloat16
