@@ -247,6 +247,11 @@ def setup_logging(training_args: TrainingArguments) -> None:
     )
     log_level = training_args.get_process_log_level()
     transformers.utils.logging.set_verbosity(log_level)
+    # One way out for every line: transformers' (and so the library's) records reach the handler above, tagged with
+    # the rank, and transformers' own stderr handler is off. Otherwise a line printed twice wherever transformers'
+    # logger propagates (transformers turns propagation on when the CI environment variable is set).
+    transformers.utils.logging.disable_default_handler()
+    transformers.utils.logging.enable_propagation()
     # The library's logger hangs under transformers' (console.py), whose level `log_level` sets; a recipe shows the
     # per-round lines on rank 0 whatever `log_level` is.
     logging.getLogger("adloco_hf").setLevel(min(logging.INFO if is_main else logging.WARNING, log_level))
