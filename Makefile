@@ -14,7 +14,7 @@ LOWEST ?= $(shell $(PYTHON) $(VERSIONS) lowest)
 HIGHEST ?= $(shell $(PYTHON) $(VERSIONS) highest)
 # The core tests run against both: the Trainer's overrides, the config's checks, the Hub, real multi-process launches
 # and the README's commands, the version check itself (about 2 min each on 2 cores).
-VERSION_TESTS := tests/outputs/test_hub.py tests/trainer tests/config tests/worker/test_multiprocess.py \
+VERSION_TESTS := tests/reporting/test_hub.py tests/trainer tests/config tests/worker/test_multiprocess.py \
 	tests/docs/test_readme.py tests/common/test_versions.py
 
 .PHONY: install test test-slow test-all test-versions quality style demo demo-report clean gpu-check

@@ -29,7 +29,7 @@ setup(
     name="adloco_hf",
     version="0.1.0",
     description="AdLoCo (adaptive-batch, multi-instance DiLoCo) for the Hugging Face Trainer",
-    url="https://github.com/adloco-hf/adloco_hf",  # the repository the model cards link to (outputs/model_card.py)
+    url="https://github.com/adloco-hf/adloco_hf",  # the repository the model cards link to (reporting/model_card.py)
     project_urls={
         "Source": "https://github.com/adloco-hf/adloco_hf",
         "Documentation": "https://github.com/adloco-hf/adloco_hf/tree/main/docs",

@@ -11,7 +11,7 @@ from .batch.size_tests import augmented_inner_product_test, estimate_variance, i
 from .batch.switch_mode import BatchPlan, plan_batch
 from .config.arguments import AdLoCoConfig
 from .instances.health import SkippedRoundsError
-from .outputs.hub import HubUploadError
+from .reporting.hub import HubUploadError
 from .rounds.state import AdLoCoState
 from .sampling.sampler import AdaptiveBatchSampler
 from .trainer.callback import AdLoCoCallback

@@ -19,10 +19,10 @@ import shutil
 import sys
 
 from .checkpoint.manifest import CheckpointDamagedError, checkpoints_newest_first, verify_checkpoint
-from .outputs.hub import HubUploadError, create_hub_repo, push_folder
-from .outputs.model_card import full_folder_of
-from .outputs.plotting import plot_run
-from .outputs.report import format_summary, summarize_run
+from .reporting.hub import HubUploadError, create_hub_repo, push_folder
+from .reporting.model_card import full_folder_of
+from .reporting.plotting import plot_run
+from .reporting.report import format_summary, summarize_run
 
 
 __all__ = ["CommandError", "build_parser", "main", "safetensors_problems", "verify_folder"]

@@ -54,9 +54,9 @@ from adloco_hf.data import (
     load_or_train_tokenizer,
     load_text_corpus,
 )
-from adloco_hf.outputs.plotting import PLOT_FILE
-from adloco_hf.outputs.report import format_summary, summarize_run
 from adloco_hf.presets import MODEL_PRESETS, build_model
+from adloco_hf.reporting.plotting import PLOT_FILE
+from adloco_hf.reporting.report import format_summary, summarize_run
 
 
 logger = logging.getLogger("pretrain_c4")

@@ -23,7 +23,7 @@ LAYERS = [
     "instances",
     "checkpoint",
     "rounds",
-    "outputs",
+    "reporting",
     "worker",
     "evaluation",
     "trainer",

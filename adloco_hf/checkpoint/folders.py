@@ -1,4 +1,4 @@
-"""Files AdLoCo writes: merged safetensors checkpoints, per-rank resume state, atomically (cards: `outputs/model_card.py`).
+"""Files AdLoCo writes: merged safetensors checkpoints, per-rank resume state, atomically (cards: `reporting/model_card.py`).
 
 Every folder is written under a temporary name next to its destination and renamed into place, so a process that
 dies while saving never leaves a half-written checkpoint where a complete one was expected. Model weights are

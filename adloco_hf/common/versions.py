@@ -37,7 +37,7 @@ accelerate==Y"` tests it. A new major changes too much to be allowed untested.
 | internal | releases | shim |
 |---|---|---|
 | `Trainer.end()` (finish the trackers, destroy the process group) | added in transformers 5.18 | [`end_training`] |
-| `huggingface_hub`'s HTTP library (the errors of a failed upload) | httpx2 from huggingface_hub 2.0, which transformers allows from 5.18; httpx before | none: `outputs/hub.py` retries any error and reads `error.response.status_code`, which both have |
+| `huggingface_hub`'s HTTP library (the errors of a failed upload) | httpx2 from huggingface_hub 2.0, which transformers allows from 5.18; httpx before | none: `reporting/hub.py` retries any error and reads `error.response.status_code`, which both have |
 """
 
 import importlib.metadata

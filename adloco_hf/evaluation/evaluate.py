@@ -31,7 +31,7 @@ from ..common.distributed import comm_device, is_distributed
 from ..common.rng import get_rng_state, set_rng_state
 from ..config.compat import trainer_memory_tracker
 from ..instances.table import final_merge_weights
-from ..outputs.run_log import MERGED
+from ..reporting.run_log import MERGED
 from .predictions import ShardOutput, is_causal_lm, predict_shard, share_instance_metrics
 from .view import EvaluationSettings, EvaluationView
 

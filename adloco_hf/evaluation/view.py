@@ -11,7 +11,7 @@ from ..common.distributed import WorkerMonitor
 from ..common.layout import WorkerLayout
 from ..instances.table import Instance, instance_of
 from ..outer.step import GlobalModel
-from ..outputs.run_log import RunLog
+from ..reporting.run_log import RunLog
 from ..rounds.state import AdLoCoState
 
 

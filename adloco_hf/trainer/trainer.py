@@ -28,8 +28,8 @@ from ..common.versions import end_training
 from ..config.arguments import AdLoCoConfig
 from ..evaluation.evaluate import evaluate_instances
 from ..evaluation.view import EvaluationSettings, EvaluationView
-from ..outputs.earlier_run import warn_about_earlier_run
-from ..outputs.hub import MergedModelHubMixin
+from ..reporting.earlier_run import warn_about_earlier_run
+from ..reporting.hub import MergedModelHubMixin
 from ..rounds.messages import round_logs, round_message
 from ..rounds.state import AdLoCoState, RoundResult
 from ..sampling.sampler import AdaptiveBatchSampler
@@ -191,7 +191,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`; raises [`TrainingPreempted`] naming the checkpoint written when SIGTERM/SIGINT stopped it.
         The checkpoint to resume from is verified first; `True` takes the newest intact one (`checkpoint/manifest.py`).
-        Another run's checkpoints or merges in `output_dir` are named in a warning (`outputs/earlier_run.py`)."""
+        Another run's checkpoints or merges in `output_dir` are named in a warning (`reporting/earlier_run.py`)."""
         self._preempted_at, self._run_plot = None, None
         resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
         check_workers_for_instances(self.worker, resume_from_checkpoint)

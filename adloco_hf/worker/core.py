@@ -32,7 +32,7 @@ from ..instances import merges as merging
 from ..instances.health import final_merge_warnings
 from ..instances.table import Instance, instance_of
 from ..outer.step import GlobalModel
-from ..outputs.run_log import RunLog
+from ..reporting.run_log import RunLog
 from ..rounds.messages import run_summary
 from ..rounds.rules import RoundRules
 from ..rounds.state import AdLoCoState, RunTotals

@@ -25,8 +25,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, default_da
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.data import build_lm_datasets, load_or_train_tokenizer, load_text_corpus
-from adloco_hf.outputs.run_log import load_rounds
 from adloco_hf.presets import MODEL_PRESETS, build_model
+from adloco_hf.reporting.run_log import load_rounds
 from adloco_hf.sampling.sampler import AdaptiveBatchSampler
 from recipes.benchmarks._common import ring_all_reduce_bytes, socket_bytes_sent, write_json
 

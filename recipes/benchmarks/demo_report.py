@@ -27,8 +27,8 @@ import yaml
 
 from adloco_hf.common.files import atomic_write_text
 from adloco_hf.common.formats import format_count
-from adloco_hf.outputs.plotting import plot_run
-from adloco_hf.outputs.run_log import MERGED, is_finite_number, load_evals, load_rounds
+from adloco_hf.reporting.plotting import plot_run
+from adloco_hf.reporting.run_log import MERGED, is_finite_number, load_evals, load_rounds
 
 from ._common import REPO
 

@@ -25,7 +25,7 @@ import statistics
 import tempfile
 import time
 
-from adloco_hf.outputs.run_log import group_by_round
+from adloco_hf.reporting.run_log import group_by_round
 from adloco_hf.testing import launch_command, run_workers
 from recipes.benchmarks._common import REPO, socket_bytes_sent
 
@@ -135,7 +135,7 @@ def worker(spec: dict) -> None:
 # ---------------------------------------------------------------- launcher side
 def launch(spec: dict, workers: int, timeout: int = 600) -> tuple[list[dict], list[dict]]:
     """Run one configuration on `workers` workers; returns every worker's record and the run's round lines."""
-    from adloco_hf.outputs.run_log import load_rounds
+    from adloco_hf.reporting.run_log import load_rounds
 
     probe = tempfile.mkdtemp(prefix="adloco-costs-")
     spec = {**spec, "world_size": workers, "probe_dir": probe}

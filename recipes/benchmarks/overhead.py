@@ -340,7 +340,7 @@ def measure_step_profile(
 
 
 def _rounds(output_dir: str) -> list[dict]:
-    from adloco_hf.outputs.run_log import load_rounds
+    from adloco_hf.reporting.run_log import load_rounds
 
     return load_rounds(output_dir)
 

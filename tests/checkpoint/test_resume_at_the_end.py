@@ -7,7 +7,7 @@ import os
 import pytest
 from helpers import RESUME_CONFIG, SCRIPTS, launch, launch_failing, merged_params, root_cause
 
-from adloco_hf.outputs.run_log import MERGED, load_evals, load_rounds
+from adloco_hf.reporting.run_log import MERGED, load_evals, load_rounds
 
 
 pytestmark = pytest.mark.multiprocess

@@ -116,7 +116,7 @@ def test_the_makefile_installs_the_reference_and_tests_the_lowest_and_highest():
     planned = dry_run("test-versions")
     for venv, releases in ((".venv-lowest", versions.LOWEST), (".venv-highest", versions.HIGHEST)):
         assert f'{venv}/bin/python -m pip install -q -e ".[dev]" {pins(releases)}' in planned
-        assert f'{venv}/bin/python -m pytest -m "not slow" tests/outputs/test_hub.py tests/trainer' in planned
+        assert f'{venv}/bin/python -m pytest -m "not slow" tests/reporting/test_hub.py tests/trainer' in planned
 
 
 @pytest.mark.parametrize("has_end", [True, False])

@@ -16,9 +16,9 @@ from transformers import BertConfig, BertForSequenceClassification, default_data
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.evaluation.evaluate import combine_instance_metrics
 from adloco_hf.evaluation.predictions import is_causal_lm
-from adloco_hf.outputs.plotting import plot_run
-from adloco_hf.outputs.report import format_summary, summarize_records, summarize_run
-from adloco_hf.outputs.run_log import MERGED, RunLog, load_evals, load_rounds
+from adloco_hf.reporting.plotting import plot_run
+from adloco_hf.reporting.report import format_summary, summarize_records, summarize_run
+from adloco_hf.reporting.run_log import MERGED, RunLog, load_evals, load_rounds
 
 
 def tiny_classifier(seed: int = 0) -> BertForSequenceClassification:

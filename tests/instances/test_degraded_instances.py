@@ -10,7 +10,7 @@ import torch
 from helpers import SCRIPTS, flat_params, launch, launch_failing
 from transformers import AutoModelForCausalLM
 
-from adloco_hf.outputs.run_log import load_rounds
+from adloco_hf.reporting.run_log import load_rounds
 
 
 pytestmark = pytest.mark.multiprocess

@@ -12,7 +12,7 @@ import torch
 from helpers import REPO, sequence_dataset, tiny_model
 from transformers import AutoModelForCausalLM
 
-import adloco_hf.outputs.hub as hub
+import adloco_hf.reporting.hub as hub
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.commands import main
 

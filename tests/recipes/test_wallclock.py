@@ -5,7 +5,7 @@ import json
 import pytest
 
 from adloco_hf.instances.table import Instance, MergePlan
-from adloco_hf.outputs.run_log import RunLog, load_rounds
+from adloco_hf.reporting.run_log import RunLog, load_rounds
 from adloco_hf.rounds.rows import RoundLine
 from recipes.benchmarks import wallclock as wc
 

@@ -346,7 +346,7 @@ def record_exit_state(path: str) -> None:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     if spec.get("fake_hub"):
-        import adloco_hf.outputs.hub as hub
+        import adloco_hf.reporting.hub as hub
 
         log = os.path.join(spec["probe_dir"], f"hub-rank{os.environ.get('RANK', '0')}.jsonl")
         os.makedirs(spec["probe_dir"], exist_ok=True)

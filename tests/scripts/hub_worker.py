@@ -12,7 +12,7 @@ import sys
 import torch.distributed as dist
 from helpers import hub_http, sequence_dataset, tiny_model
 
-import adloco_hf.outputs.hub as hub
+import adloco_hf.reporting.hub as hub
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 
 

@@ -10,7 +10,7 @@ from fake_hub import FakeHubApi
 from helpers import sequence_dataset, tiny_model
 from transformers import AutoModelForCausalLM
 
-import adloco_hf.outputs.hub as hub
+import adloco_hf.reporting.hub as hub
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 
 

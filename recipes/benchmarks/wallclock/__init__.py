@@ -1,6 +1,6 @@
 """A wall-clock model: how long a run takes on a given device and link, and how long to a target perplexity.
 
-A run's AdLoCo rounds file (`adloco_rounds.jsonl`, read with `adloco_hf.outputs.run_log`) says, per round and instance,
+A run's AdLoCo rounds file (`adloco_rounds.jsonl`, read with `adloco_hf.reporting.run_log`) says, per round and instance,
 which workers trained, with which batch (and switch mode's plan: micro-batch and accumulation steps), for how many
 inner steps, and which instances merged. Replayed here with
 

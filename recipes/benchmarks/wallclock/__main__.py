@@ -25,7 +25,7 @@ import argparse
 import os
 from dataclasses import replace
 
-from adloco_hf.outputs.run_log import load_rounds
+from adloco_hf.reporting.run_log import load_rounds
 from recipes.benchmarks._common import REPO, human_bytes, table, write_json
 from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link, mbit
 from recipes.benchmarks.wallclock.replay import time_to_targets

@@ -8,7 +8,7 @@ from typing import Any
 
 from adloco_hf.batch.switch_mode import split_sizes
 from adloco_hf.instances.table import Instance, MergePlan, plan_merge
-from adloco_hf.outputs.run_log import group_by_round
+from adloco_hf.reporting.run_log import group_by_round
 from recipes.benchmarks._common import first_reach, ring_all_reduce_bytes, start_broadcast_bytes
 from recipes.benchmarks.wallclock.link_model import (
     DDP_BUCKET_BYTES,

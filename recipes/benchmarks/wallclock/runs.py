@@ -6,7 +6,7 @@ import math
 import os
 from typing import Any
 
-from adloco_hf.outputs.run_log import load_rounds
+from adloco_hf.reporting.run_log import load_rounds
 from recipes.benchmarks._common import ring_all_reduce_bytes
 from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link
 from recipes.benchmarks.wallclock.replay import RunFacts, replay_adloco, replay_ddp

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from adloco_hf.batch.switch_mode import plan_batch
-from adloco_hf.outputs.run_log import group_by_round
+from adloco_hf.reporting.run_log import group_by_round
 from recipes.benchmarks._common import ratio, table
 from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link, mbit
 from recipes.benchmarks.wallclock.replay import (

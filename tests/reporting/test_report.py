@@ -1,4 +1,4 @@
-"""`adloco_hf.outputs.report`: the number formats and the summary of a tiny run written with `RunLog`."""
+"""`adloco_hf.reporting.report`: the number formats and the summary of a tiny run written with `RunLog`."""
 
 import json
 import math
@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from adloco_hf.common.formats import byte_unit, format_bytes, format_count, format_duration
-from adloco_hf.outputs.report import format_summary, instance_label, summarize_run
-from adloco_hf.outputs.run_log import MERGED, RunLog
+from adloco_hf.reporting.report import format_summary, instance_label, summarize_run
+from adloco_hf.reporting.run_log import MERGED, RunLog
 
 
 @pytest.mark.parametrize(
@@ -166,7 +166,7 @@ def test_format_summary(tmp_path):
 
 
 def test_report_does_not_import_matplotlib():
-    code = "import sys, adloco_hf.outputs.report; print('matplotlib' in sys.modules)"
+    code = "import sys, adloco_hf.reporting.report; print('matplotlib' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"

@@ -1,11 +1,11 @@
 """What an AdLoCo run did, in words: its summary (numbers written with `common.formats`).
 
-`summarize_run` condenses the run files (`adloco_hf.outputs.run_log`) into plain values and `format_summary`
+`summarize_run` condenses the run files (`adloco_hf.reporting.run_log`) into plain values and `format_summary`
 renders them as a table. Nothing here imports torch or matplotlib.
 
 Example:
     ```python
-    from adloco_hf.outputs.report import format_summary, summarize_run
+    from adloco_hf.reporting.report import format_summary, summarize_run
 
     print(format_summary(summarize_run("outputs/demo")))
     ```

@@ -13,14 +13,14 @@ from helpers import PAPER_ROUNDS, REPO, round_rules, sequence_dataset, tiny_mode
 from huggingface_hub import ModelCard
 from test_hub import word_tokenizer
 
-import adloco_hf.outputs.hub as hub
+import adloco_hf.reporting.hub as hub
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.batch.size_tests import GradientStatistics
 from adloco_hf.instances.table import Instance
-from adloco_hf.outputs.card_details import batch_used, hub_model_id, last_round_batches
-from adloco_hf.outputs.model_card import ModelKind, card_metrics, format_value, model_card
-from adloco_hf.outputs.plotting import PLOT_FILE, plot_run
-from adloco_hf.outputs.run_log import RunLog, load_rounds
+from adloco_hf.reporting.card_details import batch_used, hub_model_id, last_round_batches
+from adloco_hf.reporting.model_card import ModelKind, card_metrics, format_value, model_card
+from adloco_hf.reporting.plotting import PLOT_FILE, plot_run
+from adloco_hf.reporting.run_log import RunLog, load_rounds
 from adloco_hf.rounds.decision import decide_round
 from adloco_hf.rounds.rows import WorkerReport
 

@@ -1,11 +1,11 @@
-"""`adloco_hf.outputs.run_log`: the run files written by `RunLog` and read back by `load_rounds` / `load_evals`."""
+"""`adloco_hf.reporting.run_log`: the run files written by `RunLog` and read back by `load_rounds` / `load_evals`."""
 
 import json
 import math
 
 import pytest
 
-from adloco_hf.outputs.run_log import (
+from adloco_hf.reporting.run_log import (
     EVAL_FILE,
     MERGED,
     ROUNDS_FILE,

@@ -1,4 +1,4 @@
-"""`adloco_hf.outputs.plotting`, the run summary and loading it draws on, and `recipes/plot_run.py` on synthetic run logs (no training)."""
+"""`adloco_hf.reporting.plotting`, the run summary and loading it draws on, and `recipes/plot_run.py` on synthetic run logs (no training)."""
 
 import json
 import math
@@ -10,9 +10,9 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from adloco_hf.outputs.plotting import plot_run
-from adloco_hf.outputs.report import format_summary, summarize_run
-from adloco_hf.outputs.run_log import load_evals, load_rounds
+from adloco_hf.reporting.plotting import plot_run
+from adloco_hf.reporting.report import format_summary, summarize_run
+from adloco_hf.reporting.run_log import load_evals, load_rounds
 
 
 ROOT = Path(__file__).resolve().parents[2]

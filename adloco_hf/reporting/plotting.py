@@ -1,14 +1,14 @@
 """Draw an AdLoCo run: a 2×2 figure of its logs over tokens seen.
 
 Global rank 0 writes one line per instance per round to `adloco_rounds.jsonl` and one line per evaluation to
-`adloco_eval.jsonl` in the run's `output_dir` (`adloco_hf.outputs.run_log`, DESIGN §4). `plot_run` draws them: requested
+`adloco_eval.jsonl` in the run's `output_dir` (`adloco_hf.reporting.run_log`, DESIGN §4). `plot_run` draws them: requested
 batch size per worker, number of instances, losses, and bytes communicated. It only reads the files, so it works
 on a finished run, on one still training, and on one that crashed in the middle of writing a line. The summary
-table printed beside the figure is `adloco_hf.outputs.report`'s.
+table printed beside the figure is `adloco_hf.reporting.report`'s.
 
 Example:
     ```python
-    from adloco_hf.outputs.plotting import plot_run
+    from adloco_hf.reporting.plotting import plot_run
 
     plot_run("outputs/demo")  # writes outputs/demo/adloco_run.png
     ```

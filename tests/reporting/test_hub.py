@@ -10,7 +10,7 @@ from helpers import SCRIPTS, hub_http, launch, sequence_dataset, tiny_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-import adloco_hf.outputs.hub as hub
+import adloco_hf.reporting.hub as hub
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 
 
@@ -124,7 +124,7 @@ def test_end_of_training_push_failure_is_raised_after_training_finished(tmp_path
         max_batch_size=4, use_cpu=True, report_to=[], save_strategy="no", push_to_hub=True,
         hub_model_id="me/adloco-tiny", disable_tqdm=True,
     )  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="adloco_hf.outputs.hub"):
+    with caplog.at_level(logging.WARNING, logger="adloco_hf.reporting.hub"):
         trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(64))
         with pytest.raises(hub.HubUploadError) as raised:
             trainer.train()
