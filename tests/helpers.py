@@ -30,6 +30,7 @@ __all__ = [
     "RESUME_CONFIG",
     "SCRIPTS",
     "TESTS",
+    "TINY_TRAINING",
     "TWO_BY_TWO",
     "c4_documents",
     "comparable_rounds",
@@ -47,6 +48,7 @@ __all__ = [
     "sequence_dataset",
     "tiny_config",
     "tiny_model",
+    "tiny_run_config",
     "word_tokenizer",
     "worker_spec",
     "write_c4_shards",
@@ -86,6 +88,13 @@ TWO_BY_TWO = dict(
     pseudo_grad_dtype="float32", save_strategy="no",
 )  # fmt: skip
 
+# The Trainer's settings of the one-process tests' short runs (`tiny_run_config`); a plain `Trainer` compared with
+# such a run takes them too.
+TINY_TRAINING = dict(
+    max_steps=12, per_device_train_batch_size=4, learning_rate=1e-2, optim="adamw_torch", use_cpu=True, report_to=[],
+    save_strategy="no", disable_tqdm=True, seed=7,
+)  # fmt: skip
+
 # The HTTP library whose errors the installed huggingface_hub raises (the Hub tests fake its failures with them):
 # httpx2 from huggingface_hub 2.0 (which transformers allows from 5.18), httpx before.
 hub_http = importlib.import_module("httpx2" if int(huggingface_hub.__version__.split(".")[0]) >= 2 else "httpx")
@@ -109,6 +118,13 @@ def round_rules(*, max_batch_size: int, shard_size: int | None = None, **setting
         raise TypeError(f"round_rules: {unknown} are not AdLoCoConfig fields")
     args = types.SimpleNamespace(**{**defaults, **settings})
     return RoundRules.from_args(args, max_batch_size=max_batch_size, shard_size=shard_size)
+
+
+def tiny_run_config(tmp_path, **overrides) -> AdLoCoConfig:
+    """A one-process CPU run of `TINY_TRAINING` into `tmp_path/out`: rounds of 6 inner steps, micro-batches of at
+    most 8; `overrides` (any `AdLoCoConfig` field) replace these."""
+    base = dict(TINY_TRAINING, output_dir=str(tmp_path / "out"), inner_steps=6, max_batch_size=8)
+    return AdLoCoConfig(**(base | overrides))
 
 
 def sequence_dataset(n: int = 512, length: int = 32, vocab_size: int = 64, seed: int = 1) -> datasets.Dataset:

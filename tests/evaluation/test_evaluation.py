@@ -8,12 +8,12 @@ import os
 import datasets
 import pytest
 import torch
-from helpers import SCRIPTS, launch, sequence_dataset, tiny_model
+from helpers import SCRIPTS, launch, sequence_dataset, tiny_model, tiny_run_config
 from safetensors.torch import load_file
 from torch import nn
 from transformers import BertConfig, BertForSequenceClassification, default_data_collator
 
-from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+from adloco_hf import AdLoCoTrainer
 from adloco_hf.evaluation.evaluate import combine_instance_metrics
 from adloco_hf.evaluation.predictions import is_causal_lm
 from adloco_hf.reporting.plotting import plot_run
@@ -42,13 +42,8 @@ def accuracy(prediction):
 
 
 def config(tmp_path, **kwargs):
-    base = dict(
-        output_dir=str(tmp_path / "out"), max_steps=12, inner_steps=6, per_device_train_batch_size=4,
-        max_batch_size=8, learning_rate=1e-2, optim="adamw_torch", use_cpu=True, report_to=[], save_strategy="no",
-        disable_tqdm=True, seed=7, per_device_eval_batch_size=8, eval_strategy="steps", eval_steps=6,
-    )  # fmt: skip
-    base.update(kwargs)
-    return AdLoCoConfig(**base)
+    evaluation = dict(per_device_eval_batch_size=8, eval_strategy="steps", eval_steps=6)
+    return tiny_run_config(tmp_path, **(evaluation | kwargs))
 
 
 def direct_classifier_metrics(model, dataset) -> tuple[float, float]:

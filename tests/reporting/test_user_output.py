@@ -4,22 +4,16 @@ import logging
 
 import pytest
 import torch
-from helpers import sequence_dataset, tiny_model
+from helpers import sequence_dataset, tiny_model, tiny_run_config
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 from transformers.utils import logging as hf_logging
 
-from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+from adloco_hf import AdLoCoTrainer
 
 
 def config(tmp_path, **kwargs):
-    base = dict(
-        output_dir=str(tmp_path / "out"), max_steps=12, inner_steps=6, per_device_train_batch_size=2,
-        max_batch_size=8, learning_rate=1e-2, optim="adamw_torch", use_cpu=True, report_to=[],
-        save_strategy="no", disable_tqdm=True, seed=7,
-    )  # fmt: skip
-    base.update(kwargs)
-    return AdLoCoConfig(**base)
+    return tiny_run_config(tmp_path, **({"per_device_train_batch_size": 2} | kwargs))
 
 
 @pytest.fixture

@@ -7,32 +7,17 @@ import os
 import pytest
 import torch
 from helpers import CONTRACT_ROUND_KEYS as ROUND_KEYS
-from helpers import flat_params, sequence_dataset, tiny_model
+from helpers import TINY_TRAINING, flat_params, sequence_dataset, tiny_model, tiny_run_config
 from torch import nn
 from transformers import Trainer, TrainingArguments, default_data_collator
 
-from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+from adloco_hf import AdLoCoTrainer
 from adloco_hf.batch.switch_mode import Statistics, StepPlan, plan_batch
 from adloco_hf.sampling.sampler import AdaptiveBatchSampler
 
 
 def config(tmp_path, **kwargs):
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        max_steps=24,
-        inner_steps=6,
-        per_device_train_batch_size=4,
-        max_batch_size=8,
-        learning_rate=1e-2,
-        optim="adamw_torch",
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=7,
-    )
-    base.update(kwargs)
-    return AdLoCoConfig(**base)
+    return tiny_run_config(tmp_path, **({"max_steps": 24} | kwargs))
 
 
 def sampler_order(num_samples, batch_size, steps, seed):
@@ -49,17 +34,8 @@ def test_one_worker_with_plain_averaging_equals_plain_trainer(tmp_path):
     # Plain Trainer on the same batches, in the same order.
     order = sum(sampler_order(len(data), 4, args.max_steps, args.seed), [])
     plain_args = TrainingArguments(
-        output_dir=str(tmp_path / "plain"),
-        max_steps=args.max_steps,
-        per_device_train_batch_size=4,
-        learning_rate=1e-2,
-        optim="adamw_torch",
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=7,
-        train_sampling_strategy="sequential",
+        **TINY_TRAINING
+        | dict(output_dir=str(tmp_path / "plain"), max_steps=args.max_steps, train_sampling_strategy="sequential")
     )
     plain = Trainer(model=tiny_model(), args=plain_args, train_dataset=data.select(order))
     plain.train()

@@ -7,7 +7,7 @@ import dataclasses
 import pathlib
 
 import torch
-from helpers import sequence_dataset, tiny_model
+from helpers import sequence_dataset, tiny_model, tiny_run_config
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.config.fields import GROUPS
@@ -192,23 +192,7 @@ def test_each_settings_object_is_built_once_per_run(tmp_path, monkeypatch):
 
     for cls in (WorkerSettings, StepSettings, OuterSettings, EvaluationSettings, RoundRules):
         counted(cls)
-    args = AdLoCoConfig(
-        output_dir=str(tmp_path / "out"),
-        max_steps=12,
-        inner_steps=3,
-        per_device_train_batch_size=4,
-        max_batch_size=8,
-        learning_rate=1e-2,
-        optim="adamw_torch",
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        eval_strategy="steps",
-        eval_steps=6,
-        outer_lr=0.6,
-        seed=7,
-    )
+    args = tiny_run_config(tmp_path, inner_steps=3, eval_strategy="steps", eval_steps=6, outer_lr=0.6)
     data = sequence_dataset(128)
     trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=data, eval_dataset=data.select(range(8)))
     worker = trainer.worker
