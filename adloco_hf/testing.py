@@ -84,6 +84,7 @@ def launch_command(
     num_machines: int = 1,
     machine_rank: int = 0,
     main_process_ip: str | None = None,
+    max_restarts: int = 0,
 ) -> list[str]:
     """The command line that starts `num_processes` workers on this machine with `accelerate launch --multi_gpu`.
 
@@ -111,6 +112,9 @@ def launch_command(
             required (every machine must name the same port) and `num_processes` must be a multiple of it.
         machine_rank: this machine's rank (0: the one at `main_process_ip`).
         main_process_ip: machine 0's address (multi-machine launches only).
+        max_restarts: how many times the launcher restarts the workers after one fails (`--max_restarts`, with the
+            workers' health checked every second); each attempt resumes as the script says (e.g.
+            `train(resume_from_checkpoint="auto")`).
 
     Returns:
         The argument list for `subprocess` (no shell).
@@ -129,6 +133,7 @@ def launch_command(
     elif num_machines != 1 or machine_rank != 0 or main_process_ip is not None:
         raise ValueError("machine_rank and main_process_ip need num_machines > 1")
     port = free_port() if main_process_port is None else main_process_port
+    restarts = ["--max_restarts", str(max_restarts), "--monitor_interval", "1"] if max_restarts else []
     if num_processes == 1:
         if mixed_precision != "no":
             raise ValueError("one process is started without accelerate: set fp16/bf16 in its TrainingArguments")
@@ -142,6 +147,7 @@ def launch_command(
             "1",
             "--master_port",
             str(port),
+            *(["--max-restarts", str(max_restarts), "--monitor-interval", "1"] if max_restarts else []),
             *(["--module"] if module else []),
             target,
             *args,
@@ -156,6 +162,7 @@ def launch_command(
         "--num_machines",
         str(num_machines),
         *machines,
+        *restarts,
         "--mixed_precision",
         mixed_precision,
         "--dynamo_backend",

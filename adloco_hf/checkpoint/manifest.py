@@ -165,11 +165,11 @@ def newest_intact_checkpoint(output_dir: str) -> str | None:
         try:
             verify_checkpoint(checkpoint)
         except CheckpointDamagedError as error:
-            logger.warning(f"resume_from_checkpoint=True: skipped {checkpoint}, it is damaged: {error}")
+            logger.warning(f"resume_from_checkpoint: skipped {checkpoint}, it is damaged: {error}")
             skipped.append(checkpoint)
             continue
         if skipped:
-            logger.warning(f"resume_from_checkpoint=True: resuming from {checkpoint}, the newest intact checkpoint")
+            logger.warning(f"resume_from_checkpoint: resuming from {checkpoint}, the newest intact checkpoint")
         return checkpoint
     if skipped:
         raise CheckpointDamagedError(
@@ -181,7 +181,16 @@ def newest_intact_checkpoint(output_dir: str) -> str | None:
 
 def resolve_checkpoint(resume_from_checkpoint, output_dir: str):
     """What `Trainer.train(resume_from_checkpoint=...)` should load, verified first: `True` becomes the newest intact
-    checkpoint of `output_dir` (stays True when there is none, for the Trainer's own error); a folder is verified."""
+    checkpoint of `output_dir` (stays True when there is none, for the Trainer's own error); `"auto"` the same, or
+    None (a fresh start) when there is none, for scripts that run again after a restart; a folder is verified."""
+    if isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() == "auto":
+        checkpoint = newest_intact_checkpoint(output_dir)
+        logger.info(
+            f"resume_from_checkpoint='auto': resuming from {checkpoint}"
+            if checkpoint
+            else f"resume_from_checkpoint='auto': no checkpoint in {output_dir}, a fresh start"
+        )
+        return checkpoint
     if resume_from_checkpoint is True:
         return newest_intact_checkpoint(output_dir) or True
     if isinstance(resume_from_checkpoint, str | os.PathLike) and os.path.isdir(resume_from_checkpoint):

@@ -1,10 +1,13 @@
 """Configuration of AdLoCo training: `TrainingArguments` plus the rounds, instances and batch-size test."""
 
+import datetime
 import os
 from dataclasses import dataclass, field
 
+import torch
 from transformers import TrainingArguments
 
+from ..common.restart import form_world_for_this_attempt
 from .checks import check_adloco, check_schedule
 from .compat import (
     has_distributed_accelerator,
@@ -238,6 +241,7 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
         check_adloco(self)
         refuse_what_adloco_cannot_honour(self)
         self._form_cpu_world()
+        self._form_world_for_this_attempt()
         super().__post_init__()
         check_schedule(self)
         warn_about_what_works_badly(self)
@@ -255,6 +259,18 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
                 f"WORLD_SIZE={world_size} and no GPU: AdLoCoConfig sets use_cpu=True so that the {world_size} "
                 "processes form one gloo group on the CPU (pass use_cpu=True yourself to silence this)."
             )
+
+    def _form_world_for_this_attempt(self) -> None:
+        """Under an elastic launcher that shares its store (torchrun, `accelerate launch --max_restarts`), form the
+        default group on this restart attempt's own namespace of the store, before accelerate forms it on the shared
+        one where a restarted run reads the dead attempt's addresses (`common/restart.py`). The backend is the one
+        accelerate would pick; on an accelerator other than CUDA, accelerate forms the group as before."""
+        cpu = self.use_cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+        backend = self.ddp_backend or ("gloo" if cpu or not has_distributed_accelerator() else None)
+        if backend is None and torch.cuda.is_available():
+            backend = "nccl"
+        if backend is not None:
+            form_world_for_this_attempt(backend=backend, timeout=datetime.timedelta(seconds=self.ddp_timeout))
 
     @property
     def adloco_settings(self) -> dict:

@@ -472,6 +472,10 @@ def main() -> None:
         trainer.add_callback(DocumentRecorder(trainer, os.path.join(probe_dir, f"documents-rank{rank}.jsonl")))
     if spec.get("probe_resume"):
         trainer.add_callback(ResumeProbe(trainer, os.path.join(probe_dir, f"resume-rank{rank}.safetensors")))
+    if spec.get("kills") is not None:
+        from restarts import arm_kills
+
+        arm_kills(trainer, spec["kills"], rank, probe_dir)
     trainer.train(resume_from_checkpoint=spec.get("resume"))
     final = flat_params(trainer.model)
     stacked = gather_params(trainer.model)

@@ -1,0 +1,87 @@
+"""SIGKILLs at chosen points of chosen launch attempts, for the restart tests (`scripts/adloco_worker.py`'s "kills").
+
+Each kill is `[attempt, rank, where, step]`: in launch attempt `attempt` (the launcher's `TORCHELASTIC_RESTART_COUNT`)
+worker `rank` kills itself with SIGKILL (no handler runs, nothing is flushed) at `where`:
+- "step": before inner step `step` begins (mid-round when `step` is not a round's end);
+- "round_end": on entering the round's end at `step` (before the outer step's all-reduce);
+- "save": in the middle of writing checkpoint-`step` (its rank file half written, the folder still staged);
+- "merge": on entering the merge at the end of the round ending at `step`;
+- "final_merge": on entering the final merge (`step` is ignored).
+Every attempt also records where it started (`attempt{A}-rank{R}.json`: the step it resumed from), so a test can
+tell how much work each kill cost.
+"""
+
+import json
+import os
+import signal
+
+from transformers import TrainerCallback
+
+import adloco_hf.instances.merges as merging
+import adloco_hf.trainer.staged_save as staged_save
+from adloco_hf.worker.round_end import RoundEnd
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class AttemptRecorder(TrainerCallback):
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        with open(self.path, "w") as f:
+            json.dump({"started_at_step": state.global_step, "pid": os.getpid()}, f)
+
+
+def arm_kills(trainer, kills: list, rank: int, probe_dir: str) -> None:
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    trainer.add_callback(AttemptRecorder(os.path.join(probe_dir, f"attempt{attempt}-rank{rank}.json")))
+    mine = {where: step for a, r, where, step in kills if a == attempt and r == rank}
+    step_of = lambda: trainer.state.global_step  # noqa: E731
+    if "step" in mine:
+
+        class KillBeforeStep(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                if state.global_step == mine["step"]:
+                    _die()
+
+        trainer.add_callback(KillBeforeStep())
+    if "round_end" in mine:
+        end_round = RoundEnd.end_round
+
+        def dying_end_round(self, global_step):
+            if global_step == mine["round_end"]:
+                _die()
+            return end_round(self, global_step)
+
+        RoundEnd.end_round = dying_end_round
+    if "save" in mine:
+        save = staged_save.save_rank_state
+
+        def dying_save(checkpoint_dir, save_rank, state):
+            if step_of() == mine["save"]:
+                with open(os.path.join(checkpoint_dir, f"half-written-rank{save_rank}"), "wb") as f:
+                    f.write(b"\0" * 1024)
+                _die()
+            return save(checkpoint_dir, save_rank, state)
+
+        staged_save.save_rank_state = dying_save
+    if "merge" in mine:
+        merge = merging.merge_at_round_end
+
+        def dying_merge(*args, **kwargs):
+            if step_of() == mine["merge"]:
+                _die()
+            return merge(*args, **kwargs)
+
+        merging.merge_at_round_end = dying_merge
+    if "final_merge" in mine:
+        final_merge = merging.final_merge
+
+        def dying_final_merge(*args, **kwargs):
+            _die()
+            return final_merge(*args, **kwargs)
+
+        merging.final_merge = dying_final_merge
