@@ -28,6 +28,10 @@ overrides any of them (`--max_steps 400`), and `--help` lists them all: this scr
     accelerate launch --config_file accelerate_configs/cpu_4_workers.yaml \
         recipes/pretrain_c4.py --config recipes/configs/demo.yaml --resume_from_checkpoint last
 
+    # Restart by itself after a worker dies (up to 3 times), each time from the newest intact checkpoint, if any.
+    accelerate launch --config_file accelerate_configs/cpu_4_workers.yaml --max_restarts 3 \
+        recipes/pretrain_c4.py --config recipes/configs/demo.yaml --resume_from_checkpoint auto
+
 On a machine without a GPU the script sets `use_cpu=True` itself (with a MULTI_GPU launch config this gives a gloo
 group of CPU workers). With `ADLOCO_EXPECT_WORLD_SIZE=N` in the environment, every worker checks that the launch
 really started N workers. Outputs in `output_dir`: `adloco_rounds.jsonl`, `adloco_eval.jsonl`, `merges/outer-N/`,
@@ -40,9 +44,9 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import HfArgumentParser, default_data_collator
-from transformers.trainer_utils import get_last_checkpoint
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+from adloco_hf.checkpoint.manifest import checkpoints_newest_first
 from adloco_hf.cli import parse_args_with_yaml, recipe_parser, setup_logging
 from adloco_hf.data import (
     BUILTIN_CORPUS,
@@ -141,13 +145,18 @@ def check_world_size(training_args: AdLoCoConfig) -> None:
         )
 
 
-def resolve_checkpoint(training_args: AdLoCoConfig) -> str | None:
-    """`--resume_from_checkpoint last` (or `true`) means the newest checkpoint of output_dir."""
+def resolve_checkpoint(training_args: AdLoCoConfig) -> str | bool | None:
+    """`--resume_from_checkpoint last` (or `true`): the newest intact checkpoint of output_dir, an error when there is
+    none; `auto`: the same, or a fresh start when there is none (what a script restarted by `--max_restarts` wants);
+    a path: that checkpoint. The trainer verifies it and skips a damaged newest one (`checkpoint/manifest.py`)."""
     checkpoint = training_args.resume_from_checkpoint
     if checkpoint is not None and checkpoint.lower() in ("last", "true"):
-        checkpoint = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
-        if checkpoint is None:
-            raise ValueError(f"--resume_from_checkpoint last: no checkpoint-* folder in {training_args.output_dir}")
+        if not checkpoints_newest_first(training_args.output_dir):
+            raise ValueError(
+                f"--resume_from_checkpoint last: no checkpoint-* folder in {training_args.output_dir} (use "
+                "--resume_from_checkpoint auto to start afresh when there is none)"
+            )
+        return True
     return checkpoint
 
 

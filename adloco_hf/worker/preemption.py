@@ -19,6 +19,10 @@ Where the workers stop:
   posters (a logging gather at `logging_steps`, or a callback's own): then the decision is the round's end, the
   posters go on, which releases it, and it reads the decision at its next look. The same holds when a worker has
   already entered the round's end. So with per-step collectives the run stops at the round's end, never hangs.
+- Unless it is dead: a worker that does not post and whose pulse (`common/pulse.py`) has stopped was killed (the
+  launcher SIGTERMs the survivors of a SIGKILLed worker). No stop step or round's end can be reached with it, so
+  every survivor raises `WorkerTimeoutError` naming it, without a checkpoint, and the launcher restarts the run from
+  the last one (`train(resume_from_checkpoint="auto")`).
 """
 
 import logging
@@ -29,7 +33,8 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from ..common.distributed import stop_waiting_for_workers
+from ..common.distributed import WorkerTimeoutError, stop_waiting_for_workers
+from ..common.pulse import Pulse
 
 
 __all__ = ["Preemption", "TrainingPreempted"]
@@ -72,6 +77,7 @@ class Preemption:
         self._last_step_time: float | None = None
         self._step_seconds: float | None = None
         self._store = None
+        self._pulse: Pulse | None = None
 
     # ---- signals ----
     def install(self) -> None:
@@ -84,10 +90,15 @@ class Preemption:
                 self._store = dist.distributed_c10d._get_default_store()
             except Exception:  # pragma: no cover - no default store: only round-end stops are possible
                 self._store = None
+        if self._store is not None:
+            self._pulse = Pulse(self._store, dist.get_rank()).start()
         for signum in (signal.SIGTERM, signal.SIGINT):
             self._previous[signum] = signal.signal(signum, self._handle)
 
     def uninstall(self) -> None:
+        if self._pulse is not None:
+            self._pulse.stop()
+            self._pulse = None
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
@@ -165,7 +176,10 @@ class Preemption:
                 decision = self._store.get(_DECISION_KEY).decode()
             elif self._store.check(keys):
                 decision = str(max(int(self._store.get(key)) for key in keys))
-            elif self._reached_round_end() or time.monotonic() >= deadline:
+            elif self._reached_round_end():
+                decision = _ROUND_END
+            elif time.monotonic() >= deadline:
+                self._stop_if_workers_are_gone([r for r, key in enumerate(keys) if not self._store.check([key])])
                 decision = _ROUND_END
             if decision is not None:
                 # compare_set writes only where nothing is written yet and returns what is stored.
@@ -175,3 +189,18 @@ class Preemption:
                     return None
                 return int(decision)
             time.sleep(0.05)
+
+    def _stop_if_workers_are_gone(self, silent_so_far: list[int]) -> None:
+        """The workers that did not post: busy ones are waited for at the round's end, but dead ones never come (the
+        launcher SIGTERMs the survivors of a SIGKILLed worker): a stop step or a round's end would never be reached
+        together, so this worker leaves now, with the error naming them, and the launcher can restart the run from
+        the last checkpoint (every one written is intact)."""
+        gone = self._pulse.silent(silent_so_far) if self._pulse is not None else []
+        if gone:
+            raise WorkerTimeoutError(
+                f"AdLoCo: worker rank(s) {', '.join(map(str, gone))} are gone (their pulse stopped: killed, or their "
+                f"machine lost) while this worker (rank {dist.get_rank()}) was asked to stop "
+                f"({self.signal_name or 'a stop request from another worker'}); no checkpoint can be written without "
+                "them, so this worker stops now. Every checkpoint already written is intact: resume with "
+                "train(resume_from_checkpoint='auto') (under a launcher with --max_restarts, the restarted run does)."
+            )

@@ -169,6 +169,20 @@ def test_resume_true_with_every_checkpoint_damaged_or_none(tmp_path):
         newest_intact_checkpoint(str(out))
 
 
+def test_resume_auto_takes_the_newest_intact_checkpoint_or_starts_afresh(tmp_path, records):
+    out = tmp_path / "out"
+    assert resolve_checkpoint("auto", str(out)) is None  # no folder yet: a fresh start, not an error
+    out.mkdir()
+    assert resolve_checkpoint("AUTO", str(out)) is None
+    for step in (10, 20):
+        make_checkpoint(out / f"checkpoint-{step}")
+    assert resolve_checkpoint("auto", str(out)) == str(out / "checkpoint-20")
+    os.remove(out / "checkpoint-20" / "trainer_state.json")
+    records.clear()
+    assert resolve_checkpoint("auto", str(out)) == str(out / "checkpoint-10")  # the damaged newest one skipped
+    assert any("skipped" in m and str(out / "checkpoint-20") in m for m in warnings_of(records))
+
+
 def test_an_explicit_checkpoint_is_verified_and_other_values_pass_through(tmp_path):
     folder = make_checkpoint(tmp_path / "checkpoint-10")
     assert resolve_checkpoint(folder, str(tmp_path)) == folder

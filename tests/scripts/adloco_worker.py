@@ -475,7 +475,7 @@ def main() -> None:
     if spec.get("kills") is not None:
         from restarts import arm_kills
 
-        arm_kills(trainer, spec["kills"], rank, probe_dir)
+        arm_kills(trainer, spec["kills"], rank, probe_dir, spec.get("slow_steps"))
     trainer.train(resume_from_checkpoint=spec.get("resume"))
     final = flat_params(trainer.model)
     stacked = gather_params(trainer.model)

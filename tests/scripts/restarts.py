@@ -2,18 +2,19 @@
 
 Each kill is `[attempt, rank, where, step]`: in launch attempt `attempt` (the launcher's `TORCHELASTIC_RESTART_COUNT`)
 worker `rank` kills itself with SIGKILL (no handler runs, nothing is flushed) at `where`:
-- "step": before inner step `step` begins (mid-round when `step` is not a round's end);
+- "step": after `step` inner steps, before the next begins (mid-round when `step` is not a round's end);
 - "round_end": on entering the round's end at `step` (before the outer step's all-reduce);
 - "save": in the middle of writing checkpoint-`step` (its rank file half written, the folder still staged);
 - "merge": on entering the merge at the end of the round ending at `step`;
 - "final_merge": on entering the final merge (`step` is ignored).
 Every attempt also records where it started (`attempt{A}-rank{R}.json`: the step it resumed from), so a test can
-tell how much work each kill cost.
+tell how much work each kill cost, and the last step it finished (`last_step`).
 """
 
 import json
 import os
 import signal
+import time
 
 from transformers import TrainerCallback
 
@@ -27,17 +28,41 @@ def _die() -> None:
 
 
 class AttemptRecorder(TrainerCallback):
+    """The step this attempt started from and the last step it finished."""
+
     def __init__(self, path: str):
-        self.path = path
+        self.path, self.record = path, {}
+
+    def _write(self) -> None:
+        with open(self.path, "w") as f:
+            json.dump(self.record, f)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        with open(self.path, "w") as f:
-            json.dump({"started_at_step": state.global_step, "pid": os.getpid()}, f)
+        self.record = {"started_at_step": state.global_step, "last_step": state.global_step}
+        self._write()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.record["last_step"] = state.global_step
+        self._write()
 
 
-def arm_kills(trainer, kills: list, rank: int, probe_dir: str) -> None:
+class SlowSteps(TrainerCallback):
+    """Steps from `from_step` on take `seconds` longer (wall time only: the numbers do not change)."""
+
+    def __init__(self, from_step: int, seconds: float):
+        self.from_step, self.seconds = from_step, seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.from_step:
+            time.sleep(self.seconds)
+
+
+def arm_kills(trainer, kills: list, rank: int, probe_dir: str, slow_steps: list | None = None) -> None:
+    """`kills` as in the module docstring; `slow_steps` = [attempt, from_step, seconds] slows that attempt's steps."""
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     trainer.add_callback(AttemptRecorder(os.path.join(probe_dir, f"attempt{attempt}-rank{rank}.json")))
+    if slow_steps is not None and slow_steps[0] == attempt:
+        trainer.add_callback(SlowSteps(*slow_steps[1:]))
     mine = {where: step for a, r, where, step in kills if a == attempt and r == rank}
     step_of = lambda: trainer.state.global_step  # noqa: E731
     if "step" in mine:
