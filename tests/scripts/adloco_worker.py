@@ -8,7 +8,9 @@ SPEC_JSON holds `output_dir`, `world_size` (asserted inside every worker), `conf
 final `merged/` save, its weights written but the folder not yet renamed into place) settings, `num_samples`,
 `record_passes` (every draw of the map-style sampler, with its pass and step, to `passes-rank{R}.jsonl`),
 `record_documents` (every document a streamed worker tokenises, with its pass and step, to `documents-rank{R}.jsonl`) and
-`probe_resume` (right after AdLoCo restored a checkpoint: φ, momentum and AdamW moments to `resume-rank{R}.safetensors`).
+`probe_resume` (right after AdLoCo restored a checkpoint: φ, momentum and AdamW moments to `resume-rank{R}.safetensors`),
+`model` (`tiny_llama_config` overrides: a heavier step), `kills` and `progress` (SIGKILLs at chosen points of chosen
+launch attempts, and every attempt's start and steps with their wall time: `scripts/restarts.py`).
 Assertions that need several ranks' tensors run here, inside the workers; the test reads the probe files.
 """
 
@@ -375,7 +377,8 @@ def main() -> None:
         eval_data = data.select(range(spec.get("num_eval", 48))) if spec.get("eval") else None
     # Attention dropout makes a resumed run depend on every worker's random generators, not only on its weights.
     dropout = {"attention_dropout": spec["dropout"]} if spec.get("dropout") else {}
-    model = tiny_model(hidden_size=48, **dropout) if spec.get("mismatch_rank") == rank else tiny_model(**dropout)
+    shape = {"hidden_size": 48} if spec.get("mismatch_rank") == rank else spec.get("model", {})
+    model = tiny_model(**shape, **dropout)
     trainer = RecordingTrainer(model=model, args=args, train_dataset=data, eval_dataset=eval_data)
     if spec.get("kill_in_save") is not None:
         kill_step, original_save = spec["kill_in_save"], staged_save.save_rank_state
@@ -476,6 +479,10 @@ def main() -> None:
         from restarts import arm_kills
 
         arm_kills(trainer, spec["kills"], rank, probe_dir, spec.get("slow_steps"))
+    if spec.get("progress"):  # after the trainer's own callbacks: a step is recorded once its round's end has run
+        from restarts import record_progress
+
+        record_progress(trainer, rank, probe_dir)
     trainer.train(resume_from_checkpoint=spec.get("resume"))
     final = flat_params(trainer.model)
     stacked = gather_params(trainer.model)

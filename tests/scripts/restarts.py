@@ -8,7 +8,9 @@ worker `rank` kills itself with SIGKILL (no handler runs, nothing is flushed) at
 - "merge": on entering the merge at the end of the round ending at `step`;
 - "final_merge": on entering the final merge (`step` is ignored).
 Every attempt also records where it started (`attempt{A}-rank{R}.json`: the step it resumed from), so a test can
-tell how much work each kill cost, and the last step it finished (`last_step`).
+tell how much work each kill cost, and the last step it finished (`last_step`). With the spec's `"progress": true` every rank also appends its attempts' starts and
+steps, with the wall time, to `progress-rank{R}.jsonl` (`ProgressRecorder`), for a driver that kills workers from
+outside (`recipes/benchmarks/fault_soak.py`).
 """
 
 import json
@@ -55,6 +57,34 @@ class SlowSteps(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= self.from_step:
             time.sleep(self.seconds)
+
+
+class ProgressRecorder(TrainerCallback):
+    """Appends one JSON line per event to `path`, flushed at once (a SIGKILL loses nothing written before it):
+    `{"attempt", "started_at_step", "pid", "time"}` when an attempt's training begins, then `{"attempt", "step",
+    "time"}` after each inner step, once the round's end (outer step, merge) has run. Add it after the trainer's own
+    callbacks. `attempt` is the launcher's `TORCHELASTIC_RESTART_COUNT`; `time` is `time.time()`."""
+
+    def __init__(self, path: str):
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.file = open(path, "a", encoding="utf-8")
+
+    def _write(self, **entry) -> None:
+        self.file.write(json.dumps({"attempt": self.attempt, **entry, "time": time.time()}) + "\n")
+        self.file.flush()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._write(started_at_step=state.global_step, pid=os.getpid())
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._write(step=state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.file.close()
+
+
+def record_progress(trainer, rank: int, probe_dir: str) -> None:
+    trainer.add_callback(ProgressRecorder(os.path.join(probe_dir, f"progress-rank{rank}.jsonl")))
 
 
 def arm_kills(trainer, kills: list, rank: int, probe_dir: str, slow_steps: list | None = None) -> None:
