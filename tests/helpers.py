@@ -20,6 +20,7 @@ from adloco_hf.rounds.rules import RoundRules
 from adloco_hf.testing import WorkersResult, free_port, launch_command, run_workers
 from adloco_hf.testing import tiny_llama as tiny_model
 from adloco_hf.testing import tiny_llama_config as tiny_config
+from recipes.benchmarks._common import RESUMED_ROUND_KEYS
 
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
     "hub_http",
     "launch",
     "launch_failing",
+    "run_launch",
+    "assert_no_worker_killed_by_launcher",
     "launch_run",
     "merged_params",
     "root_cause",
@@ -65,10 +68,7 @@ CONTRACT_ROUND_KEYS = frozenset(
 )  # fmt: skip
 
 # The rounds-file keys that a resumed run must reproduce exactly (timings and bytes of the wire may differ).
-COMPARED_ROUND_KEYS = (
-    "outer_step", "instance", "workers", "batch_size", "next_batch_size", "samples", "train_loss", "grad_variance",
-    "pseudo_grad_norm", "merged_from", "num_instances",
-)  # fmt: skip
+COMPARED_ROUND_KEYS = RESUMED_ROUND_KEYS
 
 # The resume tests' run (2 workers): 2 instances merging at round 4 (after the checkpoint at step 10), norm-test
 # batches that grow, and a learning rate that follows each worker's batch (so the workers' schedules differ when the
@@ -195,14 +195,27 @@ def _launch_env(env: dict | None) -> dict:
     return {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": SHUTDOWN_SECONDS, **(env or {})}
 
 
-def launch(script: str, *args: str, num_processes: int, timeout: int = 300, env: dict | None = None) -> WorkersResult:
-    """`accelerate launch --multi_gpu` with gloo on CPU (DESIGN §6); fails the test with the workers' output.
+def run_launch(
+    command: list[str], *, timeout: int = 300, env: dict | None = None, check: bool = True
+) -> WorkersResult:
+    """Run a launcher's command line (`launch_command`'s, or torchrun's own) as every test launch runs: from the
+    repository root with it and `tests/` on `PYTHONPATH` (worker scripts import `helpers`), one OpenMP thread each,
+    and `SHUTDOWN_SECONDS` for torchrun. With `check`, a failed launch fails the test with the workers' output."""
+    return run_workers(
+        command, timeout=timeout, env=_launch_env(env), cwd=REPO, pythonpath=[REPO, TESTS], threads=1, check=check
+    )
 
-    The workers run from the repository root with it and `tests/` on `PYTHONPATH` (worker scripts import
-    `helpers`), one OpenMP thread each.
-    """
-    command = launch_command(script, *args, num_processes=num_processes)
-    return run_workers(command, timeout=timeout, env=_launch_env(env), cwd=REPO, pythonpath=[REPO, TESTS], threads=1)
+
+def assert_no_worker_killed_by_launcher(output: str) -> None:
+    """Once a worker has failed, the launcher's SIGTERM must end the others (a worker waiting on the failed one stops
+    waiting, a survivor inside a round leaves, a deliberately hung test worker dies on it): none is left for SIGKILL."""
+    assert _KILLED_BY_LAUNCHER not in output, f"a worker ignored the launcher's SIGTERM:\n{output[-6000:]}"
+
+
+def launch(script: str, *args: str, num_processes: int, timeout: int = 300, env: dict | None = None) -> WorkersResult:
+    """`accelerate launch --multi_gpu` with gloo on CPU (DESIGN §6); fails the test with the workers' output
+    (`run_launch`)."""
+    return run_launch(launch_command(script, *args, num_processes=num_processes), timeout=timeout, env=env)
 
 
 def launch_failing(script: str, *args: str, num_processes: int, timeout: int = 300, env: dict | None = None) -> str:
@@ -212,16 +225,12 @@ def launch_failing(script: str, *args: str, num_processes: int, timeout: int = 3
     scripts' own checks (the world size every worker asserts, the probes) are never the failure a test provokes.
     """
     command = launch_command(script, *args, num_processes=num_processes)
-    result = run_workers(
-        command, timeout=timeout, env=_launch_env(env), cwd=REPO, pythonpath=[REPO, TESTS], threads=1, check=False
-    )
+    result = run_launch(command, timeout=timeout, env=env, check=False)
     output = result.stdout + result.stderr
     assert not result.timed_out, f"workers did not finish in {result.seconds:.0f}s:\n{output[-4000:]}"
     assert result.returncode != 0, f"the launch was expected to fail but succeeded:\n{output[-4000:]}"
     assert "AssertionError" not in output, f"a worker's own check failed:\n{output[-6000:]}"
-    # Once a worker has failed, the launcher's SIGTERM must end the others (a worker waiting on the failed one
-    # stops waiting, a deliberately hung test worker dies on it): none is left for SIGKILL.
-    assert _KILLED_BY_LAUNCHER not in output, f"a worker ignored the launcher's SIGTERM:\n{output[-6000:]}"
+    assert_no_worker_killed_by_launcher(output)
     return output
 
 

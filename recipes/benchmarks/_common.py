@@ -21,6 +21,7 @@ from adloco_hf.outer.step import ring_all_reduce_bytes  # one byte model for DDP
 
 __all__ = [
     "REPO",
+    "RESUMED_ROUND_KEYS",
     "choose_targets",
     "first_reach",
     "human_bytes",
@@ -38,6 +39,13 @@ __all__ = [
 
 # The repository root: benchmarks run their workers from it, with it on PYTHONPATH.
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# The rounds-file keys that a resumed run must reproduce exactly (timings and bytes of the wire may differ): what the
+# fault benchmarks and the test suite's resume checks (`tests/helpers.py::COMPARED_ROUND_KEYS`) compare.
+RESUMED_ROUND_KEYS = (
+    "outer_step", "instance", "workers", "batch_size", "next_batch_size", "samples", "train_loss", "grad_variance",
+    "pseudo_grad_norm", "merged_from", "num_instances",
+)  # fmt: skip
 
 
 def start_broadcast_bytes(world_size: int, parameters: int, dtype_bytes: int = 4) -> int:

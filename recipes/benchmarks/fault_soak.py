@@ -31,10 +31,10 @@ import time
 
 import psutil
 import torch
-from transformers import AutoModelForCausalLM
 
 from adloco_hf.testing import launch_command, run_workers
-from recipes.benchmarks._common import REPO, table, write_json
+from recipes.benchmarks._common import REPO, RESUMED_ROUND_KEYS, table, write_json
+from recipes.benchmarks.faults import merged
 
 
 WORKER = os.path.join(REPO, "tests", "scripts", "adloco_worker.py")
@@ -50,11 +50,6 @@ MODEL = {"hidden_size": 256, "layers": 4}
 # seconds before the first step (4 processes importing torch and transformers): measured to size `--minutes`.
 STEP_SECONDS = 0.12
 START_SECONDS = 11.0
-# The rounds-file keys a resumed run must reproduce exactly (tests/helpers.py's COMPARED_ROUND_KEYS).
-COMPARED_ROUND_KEYS = (
-    "outer_step", "instance", "workers", "batch_size", "next_batch_size", "samples", "train_loss", "grad_variance",
-    "pseudo_grad_norm", "merged_from", "num_instances",
-)  # fmt: skip
 
 
 def run_config(max_steps: int, save_steps: int) -> dict:
@@ -88,13 +83,13 @@ class Progress:
     """The workers' `progress-rank{R}.jsonl` (`tests/scripts/restarts.py`'s ProgressRecorder), read as they grow:
     `starts[attempt][rank]` = the step it resumed from; `steps[attempt][rank]` = [(step, time)]."""
 
-    def __init__(self, probe: str):
-        self.probe, self.offsets = probe, {}
+    def __init__(self, probe: str, world_size: int = WORLD_SIZE):
+        self.probe, self.world_size, self.offsets = probe, world_size, {}
         self.starts: dict[int, dict[int, int]] = {}
         self.steps: dict[int, dict[int, list]] = {}
 
     def read(self) -> None:
-        for rank in range(WORLD_SIZE):
+        for rank in range(self.world_size):
             path = os.path.join(self.probe, f"progress-rank{rank}.jsonl")
             if not os.path.exists(path):
                 continue
@@ -272,10 +267,8 @@ def measure_kills(kills: list[dict], progress: Progress) -> list[dict]:
 
 
 def flat_merged(out: str) -> torch.Tensor | None:
-    if not os.path.isdir(os.path.join(out, "merged")):
-        return None
-    model = AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged"))
-    return torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
+    """The run's merged model, flat (`faults.merged`); None when the run wrote none."""
+    return merged(out) if os.path.isdir(os.path.join(out, "merged")) else None
 
 
 def compared_rounds(out: str) -> list[dict]:
@@ -283,7 +276,7 @@ def compared_rounds(out: str) -> list[dict]:
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as f:
-        return [{k: line.get(k) for k in COMPARED_ROUND_KEYS} for line in map(json.loads, f)]
+        return [{k: line.get(k) for k in RESUMED_ROUND_KEYS} for line in map(json.loads, f)]
 
 
 def summarize(rows: list[dict], soak_run: Launch, reference: Launch, save_steps: int) -> dict:

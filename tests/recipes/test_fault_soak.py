@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-from helpers import COMPARED_ROUND_KEYS
 
 from recipes.benchmarks import fault_soak
 
@@ -40,8 +39,7 @@ def test_progress_is_read_as_it_grows_and_each_kill_is_measured(tmp_path):
     assert [s for _, s in progress.timeline()] == [1, 2, 3, 4, 3]
 
 
-def test_the_soak_compares_the_keys_a_resumed_run_must_reproduce_and_refuses_bad_sizes():
-    assert fault_soak.COMPARED_ROUND_KEYS == COMPARED_ROUND_KEYS
+def test_the_soak_refuses_bad_sizes():
     config = fault_soak.run_config(fault_soak.steps_for(15, 50), 50)
     assert config["max_steps"] % 50 == 0 and config["merge_every"] * config["inner_steps"] * 2 <= config["max_steps"]
     for bad in (["--save_steps", "15"], ["--max_steps", "70", "--save_steps", "20"], ["--kills", "-1"]):

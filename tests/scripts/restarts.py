@@ -7,10 +7,9 @@ worker `rank` kills itself with SIGKILL (no handler runs, nothing is flushed) at
 - "save": in the middle of writing checkpoint-`step` (its rank file half written, the folder still staged);
 - "merge": on entering the merge at the end of the round ending at `step`;
 - "final_merge": on entering the final merge (`step` is ignored).
-Every attempt also records where it started (`attempt{A}-rank{R}.json`: the step it resumed from), so a test can
-tell how much work each kill cost, and the last step it finished (`last_step`). With the spec's `"progress": true` every rank also appends its attempts' starts and
-steps, with the wall time, to `progress-rank{R}.jsonl` (`ProgressRecorder`), for a driver that kills workers from
-outside (`recipes/benchmarks/fault_soak.py`).
+With the spec's `"progress": true` every rank appends its attempts' starts (the step each resumed from) and steps,
+with the wall time, to `progress-rank{R}.jsonl` (`ProgressRecorder`; read by `recipes/benchmarks/fault_soak.py`'s
+`Progress`): how much work each kill cost, and where each worker stopped.
 """
 
 import json
@@ -27,25 +26,6 @@ from adloco_hf.worker.round_end import RoundEnd
 
 def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-class AttemptRecorder(TrainerCallback):
-    """The step this attempt started from and the last step it finished."""
-
-    def __init__(self, path: str):
-        self.path, self.record = path, {}
-
-    def _write(self) -> None:
-        with open(self.path, "w") as f:
-            json.dump(self.record, f)
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.record = {"started_at_step": state.global_step, "last_step": state.global_step}
-        self._write()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.record["last_step"] = state.global_step
-        self._write()
 
 
 class SlowSteps(TrainerCallback):
@@ -90,7 +70,6 @@ def record_progress(trainer, rank: int, probe_dir: str) -> None:
 def arm_kills(trainer, kills: list, rank: int, probe_dir: str, slow_steps: list | None = None) -> None:
     """`kills` as in the module docstring; `slow_steps` = [attempt, from_step, seconds] slows that attempt's steps."""
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    trainer.add_callback(AttemptRecorder(os.path.join(probe_dir, f"attempt{attempt}-rank{rank}.json")))
     if slow_steps is not None and slow_steps[0] == attempt:
         trainer.add_callback(SlowSteps(*slow_steps[1:]))
     mine = {where: step for a, r, where, step in kills if a == attempt and r == rank}

@@ -13,41 +13,48 @@ import sys
 
 import pytest
 from helpers import (
-    REPO,
     RESUME_CONFIG,
     SCRIPTS,
-    TESTS,
+    assert_no_worker_killed_by_launcher,
     comparable_rounds,
     free_port,
     merged_params,
+    run_launch,
     worker_spec,
 )
-from helpers import _launch_env as launch_env
 
-from adloco_hf.testing import launch_command, run_workers
+from adloco_hf.testing import launch_command
+from recipes.benchmarks.fault_soak import Progress
 
 
 pytestmark = pytest.mark.multiprocess
 
 WORKER = os.path.join(SCRIPTS, "adloco_worker.py")
-_KILLED_BY_LAUNCHER = "forcefully exiting via 9"
 
 
 def run_with_restarts(tmp_path, kills: list, command, *, config: dict | None = None, **extra):
     """Launch the resume tests' config on 2 workers with `kills`; the launch must end by itself (exit 0). Returns the
-    output folder, each attempt's records (`attempts[a][rank]`) and the launch's output."""
+    output folder, each attempt's start and last step (`attempts[a][rank]`, from the workers' progress files) and the
+    launch's output."""
     out, probe = str(tmp_path / "out"), tmp_path / "probe"
     spec = worker_spec(out, probe, 2, {**RESUME_CONFIG, **(config or {})}, dropout=0.1, probes=False, kills=kills,
-                       resume="auto", **extra)  # fmt: skip
-    result = run_workers(command(json.dumps(spec)), timeout=400, env=launch_env(None), cwd=REPO,
-                         pythonpath=[REPO, TESTS], threads=1, check=False)  # fmt: skip
+                       resume="auto", progress=True, **extra)  # fmt: skip
+    result = run_launch(command(json.dumps(spec)), timeout=400, check=False)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"the run did not finish by itself (exit {result.returncode}):\n{output[-6000:]}"
-    assert _KILLED_BY_LAUNCHER not in output, f"a survivor ignored the launcher's SIGTERM:\n{output[-6000:]}"
-    attempts = []
-    while os.path.exists(probe / f"attempt{len(attempts)}-rank0.json"):
-        a = len(attempts)
-        attempts.append([json.load(open(probe / f"attempt{a}-rank{r}.json")) for r in range(2)])
+    assert_no_worker_killed_by_launcher(output)
+    progress = Progress(str(probe), world_size=2)
+    progress.read()
+    attempts = [
+        [
+            {
+                "started_at_step": start,
+                "last_step": max((s for s, _ in progress.steps.get(a, {}).get(r, [])), default=start),
+            }
+            for r, start in sorted(progress.starts[a].items())
+        ]
+        for a in sorted(progress.starts)
+    ]
     reports = [json.load(open(probe / f"report-rank{r}.json")) for r in range(2)]
     assert [r["world_size"] for r in reports] == [2, 2], reports
     return out, attempts, output
