@@ -40,7 +40,10 @@ class Pulse:
         return self
 
     def stop(self) -> None:
+        """No beat after this returns (the thread, at most one store call from its end, is waited for)."""
         self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
 
     def _beat(self) -> None:
         self._store.add(_KEY.format(rank=self._rank), 1)

@@ -48,6 +48,8 @@ def test_the_soak_refuses_bad_sizes():
 
 
 def test_the_soak_kills_two_workers_and_the_run_ends_with_the_uninterrupted_model(tmp_path):
+    # Each kill comes 0.2-0.6 s (plus the driver's 0.25 s look) after its attempt's first step: a few steps on this
+    # machine, well inside the 60 on one several times faster, so that both kills land before the run can finish.
     save_steps = 20
     out = tmp_path / "soak"
     argv = [
@@ -56,7 +58,7 @@ def test_the_soak_kills_two_workers_and_the_run_ends_with_the_uninterrupted_mode
         "--save_steps",
         str(save_steps),
         "--kill_every",
-        "2",
+        "0.4",
         "--kills",
         "2",
         "--restart_timeout",

@@ -478,7 +478,7 @@ def main() -> None:
     if spec.get("kills") is not None:
         from restarts import arm_kills
 
-        arm_kills(trainer, spec["kills"], rank, probe_dir, spec.get("slow_steps"))
+        arm_kills(trainer, spec["kills"], rank, probe_dir, spec.get("hold_for_signal"))
     if spec.get("progress"):  # after the trainer's own callbacks: a step is recorded once its round's end has run
         from restarts import record_progress
 

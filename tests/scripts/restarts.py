@@ -28,15 +28,17 @@ def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class SlowSteps(TrainerCallback):
-    """Steps from `from_step` on take `seconds` longer (wall time only: the numbers do not change)."""
+class HoldForSignal(TrainerCallback):
+    """Before step `step` + 1, wait until this worker has received a signal (the launcher's SIGTERM after another
+    worker died): it is then inside the round when the signal comes, however fast the launcher is."""
 
-    def __init__(self, from_step: int, seconds: float):
-        self.from_step, self.seconds = from_step, seconds
+    def __init__(self, trainer, step: int):
+        self.trainer, self.step = trainer, step
 
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= self.from_step:
-            time.sleep(self.seconds)
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            while self.trainer.worker.preemption.signal_name is None:
+                time.sleep(0.05)
 
 
 class ProgressRecorder(TrainerCallback):
@@ -67,11 +69,12 @@ def record_progress(trainer, rank: int, probe_dir: str) -> None:
     trainer.add_callback(ProgressRecorder(os.path.join(probe_dir, f"progress-rank{rank}.jsonl")))
 
 
-def arm_kills(trainer, kills: list, rank: int, probe_dir: str, slow_steps: list | None = None) -> None:
-    """`kills` as in the module docstring; `slow_steps` = [attempt, from_step, seconds] slows that attempt's steps."""
+def arm_kills(trainer, kills: list, rank: int, probe_dir: str, hold_for_signal: list | None = None) -> None:
+    """`kills` as in the module docstring; `hold_for_signal` = [attempt, rank, step]: that worker waits for a signal
+    after `step` steps of that attempt (`HoldForSignal`)."""
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if slow_steps is not None and slow_steps[0] == attempt:
-        trainer.add_callback(SlowSteps(*slow_steps[1:]))
+    if hold_for_signal is not None and hold_for_signal[:2] == [attempt, rank]:
+        trainer.add_callback(HoldForSignal(trainer, hold_for_signal[2]))
     mine = {where: step for a, r, where, step in kills if a == attempt and r == rank}
     step_of = lambda: trainer.state.global_step  # noqa: E731
     if "step" in mine:

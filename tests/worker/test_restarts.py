@@ -85,9 +85,8 @@ def test_accelerate_launch_restarts_after_three_kills_and_ends_with_the_uninterr
 def test_torchrun_c10d_restarts_and_the_survivor_of_a_kill_mid_round_leaves_at_once(tmp_path, resume_reference):
     # With no grace for the round's end, the survivor of a kill mid-round is asked to stop (the launcher's SIGTERM)
     # and would wait for a stop step the dead worker never posts, then train on to the round's end: its pulse tells
-    # it the worker is dead, and it leaves at once. Steps of 2 s from step 11 of the first attempt keep the survivor
-    # inside the round when the SIGTERM comes (about a second after the kill). Then kills at a round's end and in a
-    # merge (step 20's).
+    # it the worker is dead, and it leaves at once. The survivor waits after step 12 for the SIGTERM, so that it is
+    # inside the round when it comes, however fast the machine. Then kills at a round's end and in a merge (step 20's).
     kills = [[0, 1, "step", 12], [1, 0, "round_end", 15], [2, 1, "merge", 20]]
     port = free_port()
 
@@ -97,7 +96,7 @@ def test_torchrun_c10d_restarts_and_the_survivor_of_a_kill_mid_round_leaves_at_o
                 spec]  # fmt: skip
 
     out, attempts, output = run_with_restarts(tmp_path, kills, command, config={"preemption_grace_seconds": 0},
-                                          slow_steps=[0, 11, 2.0])  # fmt: skip
+                                          hold_for_signal=[0, 0, 12])  # fmt: skip
     assert len(attempts) == 4, attempts
     # The merge of step 20 comes before checkpoint-20 is written: that kill too resumes from checkpoint-10.
     assert [a[0]["started_at_step"] for a in attempts] == [0, 10, 10, 10]
