@@ -129,6 +129,16 @@ class Progress:
         return out
 
 
+def thin_timeline(points: list[tuple[float, int]], started: float, seconds: float = 1.0) -> list[list[float]]:
+    """A timeline for the results file: [seconds since `started`, step], a point at most every `seconds` (a 15-minute
+    run completes some 7,500 steps), every fall back to a resumed step and the last point kept."""
+    out = []
+    for i, (t, step) in enumerate(points):
+        if not out or i == len(points) - 1 or step < out[-1][1] or t - started - out[-1][0] >= seconds:
+            out.append([round(t - started, 3), step])
+    return out
+
+
 class Launch:
     """One launch in a thread (`run_workers`: its timeout kills every worker), so that this process can watch it."""
 
@@ -420,8 +430,8 @@ def main(argv: list[str] | None = None) -> dict:
         "seed": args.seed,
         "kills": rows,
         "summary": summary,
-        "uninterrupted_timeline": [[t - reference.started, s] for t, s in reference.progress.timeline()],
-        "soak_timeline": [[t - soak_run.started, s] for t, s in soak_run.progress.timeline()],
+        "uninterrupted_timeline": thin_timeline(reference.progress.timeline(), reference.started),
+        "soak_timeline": thin_timeline(soak_run.progress.timeline(), soak_run.started),
     }
     write_json(os.path.join(args.output_dir, "fault_soak.json"), result)
     title = (f"{WORLD_SIZE} CPU workers, {max_steps} steps, checkpoints every {config['save_steps']}: "

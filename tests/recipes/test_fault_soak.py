@@ -78,3 +78,13 @@ def test_the_soak_kills_two_workers_and_the_run_ends_with_the_uninterrupted_mode
         assert 0 <= kill["steps_redone"] <= save_steps, kill
         assert kill["seconds_to_first_step"] > 0
     assert (out / "fault_soak.png").stat().st_size > 0
+
+
+def test_the_results_timeline_keeps_a_point_a_second_every_restart_and_the_end():
+    points = [(100.0 + 0.1 * i, i) for i in range(1, 40)] + [(104.5, 20), (104.6, 21), (104.7, 22)]
+    thinned = fault_soak.thin_timeline(points, started=100.0)
+    assert thinned[0] == [0.1, 1] and thinned[-1] == [4.7, 22]
+    assert [4.5, 20] in thinned  # the fall back after a restart
+    forward = [(a, b) for a, b in zip(thinned[:-2], thinned[1:-1], strict=True) if b[1] > a[1]]  # not the last
+    assert forward and all(b[0] - a[0] >= 0.999 for a, b in forward)
+    assert len(thinned) < len(points) / 5
