@@ -4,18 +4,22 @@ Launching and the tiny models come from `adloco_hf.testing` (shared with the ben
 (the contract keys, the synthetic data) lives here.
 """
 
+import atexit
 import dataclasses
 import importlib
 import json
 import os
 import re
+import tempfile
+import time
 import types
 
 import datasets
 import huggingface_hub
 import torch
+import warm_launch
 
-from adloco_hf import AdLoCoConfig
+from adloco_hf import AdLoCoConfig, testing
 from adloco_hf.rounds.rules import RoundRules
 from adloco_hf.testing import WorkersResult, free_port, launch_command, run_workers
 from adloco_hf.testing import tiny_llama as tiny_model
@@ -196,14 +200,49 @@ def _launch_env(env: dict | None) -> dict:
 
 
 def run_launch(
-    command: list[str], *, timeout: int = 300, env: dict | None = None, check: bool = True
+    command: list[str], *, timeout: int = 300, env: dict | None = None, check: bool = True, warm: bool = False
 ) -> WorkersResult:
     """Run a launcher's command line (`launch_command`'s, or torchrun's own) as every test launch runs: from the
     repository root with it and `tests/` on `PYTHONPATH` (worker scripts import `helpers`), one OpenMP thread each,
-    and `SHUTDOWN_SECONDS` for torchrun. With `check`, a failed launch fails the test with the workers' output."""
-    return run_workers(
-        command, timeout=timeout, env=_launch_env(env), cwd=REPO, pythonpath=[REPO, TESTS], threads=1, check=check
-    )
+    and `SHUTDOWN_SECONDS` for torchrun. With `check`, a failed launch fails the test with the workers' output.
+
+    `warm`: the same launcher and command line, run by the session's launch server (`warm_launch.py`: the launcher
+    and its workers are forked with the library imported, about 4 s less per launch on 2 cores), unless
+    `ADLOCO_TEST_LAUNCH=cold` asks every launch to start from scratch."""
+    env = _launch_env(env)
+    if not warm or os.environ.get("ADLOCO_TEST_LAUNCH") == "cold":
+        return run_workers(
+            command, timeout=timeout, env=env, cwd=REPO, pythonpath=[REPO, TESTS], threads=1, check=check
+        )
+    assert command[1] == "-m" and command[2] in warm_launch.LAUNCHERS, command
+    full_env = testing._worker_env(env, pythonpath=[REPO, TESTS], threads=1)
+    with tempfile.NamedTemporaryFile("r", suffix=".log", prefix="launch-", encoding="utf-8", errors="replace") as log:
+        start = time.perf_counter()
+        returncode, timed_out = _zygote().launch(
+            command[2:], env=full_env, cwd=REPO, log=log.name, timeout=timeout, kill_grace=testing.KILL_GRACE_SECONDS
+        )
+        result = WorkersResult(
+            command=tuple(command),
+            returncode=testing.TIMEOUT_EXIT_CODE if timed_out else returncode,
+            stdout=log.read(),
+            stderr="",
+            seconds=time.perf_counter() - start,
+            timed_out=timed_out,
+        )
+    if check and not result.ok:
+        raise testing.WorkersFailed(result)
+    return result
+
+
+_ZYGOTE: list = []
+
+
+def _zygote() -> "warm_launch.Zygote":
+    """The test session's launch server, started at the first warm launch (again if it died), stopped at exit."""
+    if not _ZYGOTE or not _ZYGOTE[0].alive():
+        _ZYGOTE[:] = [warm_launch.Zygote(testing._worker_env(_launch_env(None), pythonpath=[REPO, TESTS]), REPO)]
+        atexit.register(_ZYGOTE[0].close)
+    return _ZYGOTE[0]
 
 
 def assert_no_worker_killed_by_launcher(output: str) -> None:
@@ -212,20 +251,26 @@ def assert_no_worker_killed_by_launcher(output: str) -> None:
     assert _KILLED_BY_LAUNCHER not in output, f"a worker ignored the launcher's SIGTERM:\n{output[-6000:]}"
 
 
-def launch(script: str, *args: str, num_processes: int, timeout: int = 300, env: dict | None = None) -> WorkersResult:
+def launch(
+    script: str, *args: str, num_processes: int, timeout: int = 300, env: dict | None = None, warm: bool = True
+) -> WorkersResult:
     """`accelerate launch --multi_gpu` with gloo on CPU (DESIGN §6); fails the test with the workers' output
-    (`run_launch`)."""
-    return run_launch(launch_command(script, *args, num_processes=num_processes), timeout=timeout, env=env)
+    (`run_launch`). `warm`: through the test session's launch server (`warm_launch.py`; False for a test of start-up,
+    of a launcher's own behaviour, or of descriptors a dying launcher leaves)."""
+    command = launch_command(script, *args, num_processes=num_processes)
+    return run_launch(command, timeout=timeout, env=env, warm=warm)
 
 
-def launch_failing(script: str, *args: str, num_processes: int, timeout: int = 300, env: dict | None = None) -> str:
+def launch_failing(
+    script: str, *args: str, num_processes: int, timeout: int = 300, env: dict | None = None, warm: bool = True
+) -> str:
     """A launch that must fail (a worker the test kills, hangs or breaks): returns the whole output.
 
     Fails the test when the launch succeeded, ran past `timeout`, or failed on an `AssertionError` in a worker: the
     scripts' own checks (the world size every worker asserts, the probes) are never the failure a test provokes.
     """
     command = launch_command(script, *args, num_processes=num_processes)
-    result = run_launch(command, timeout=timeout, env=env, check=False)
+    result = run_launch(command, timeout=timeout, env=env, check=False, warm=warm)
     output = result.stdout + result.stderr
     assert not result.timed_out, f"workers did not finish in {result.seconds:.0f}s:\n{output[-4000:]}"
     assert result.returncode != 0, f"the launch was expected to fail but succeeded:\n{output[-4000:]}"
