@@ -1,6 +1,6 @@
 """`recipes/benchmarks/links.py` and its testbed `_testbed.py`: the address plan, the tc/ip commands, the teardown
 (with a fake `ip`), curves and targets, the results layout and the check (fast); and one tiny launch over two
-rate-limited namespaces (slow, root only)."""
+rate-limited namespaces (root only)."""
 
 import math
 import os
@@ -502,7 +502,6 @@ def namespaces_unavailable() -> str | None:
     return None
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_namespaces_form_one_world_over_limited_links_and_leave_nothing_behind(tmp_path):
     reason = namespaces_unavailable()

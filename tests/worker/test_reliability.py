@@ -293,8 +293,8 @@ def test_with_no_grace_the_round_is_cut_at_the_next_step_and_resumes_exactly(tmp
     "options",
     [
         {"pseudo_grad_compression": "int4", "outer_overlap": True},
-        pytest.param({"pseudo_grad_compression": "int8"}, marks=pytest.mark.slow),
-        pytest.param({"outer_overlap": True}, marks=pytest.mark.slow),
+        {"pseudo_grad_compression": "int8"},
+        {"outer_overlap": True},
     ],
     ids=lambda options: "+".join(f"{k}={v}" for k, v in options.items()),
 )

@@ -115,7 +115,6 @@ def test_fsdp_stop_and_resume_and_merges(tmp_path):
     assert (saved - expected).abs().max().item() < 1e-6
 
 
-@pytest.mark.slow  # make test stays under 15 minutes; `make test-slow` runs it
 def test_fsdp_point_to_point_merge_of_independent_instances(tmp_path):
     config = dict(
         max_steps=8, inner_steps=4, num_instances=2, merge_every=1, merge_transport="point_to_point",

@@ -90,10 +90,7 @@ def test_one_worker_of_two_processes_equals_plain_ddp(tmp_path):
 @pytest.mark.parametrize(
     "options",
     [
-        pytest.param(
-            dict(merge_transport="all_reduce", eval_merged_model=True),
-            marks=pytest.mark.slow,  # all-reduce merges of 2-process workers: test_stop_and_resume_with_two_processes...
-        ),
+        dict(merge_transport="all_reduce", eval_merged_model=True),
         dict(
             merge_transport="point_to_point",
             instance_init="independent",
