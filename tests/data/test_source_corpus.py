@@ -2,7 +2,7 @@
 
 import dataclasses
 import importlib.metadata
-import time
+import os
 
 import datasets
 import numpy as np
@@ -170,9 +170,17 @@ def test_full_corpus_holds_30m_train_tokens_and_loads_fast_from_its_cache(tmp_pa
     eval_rows = np.flatnonzero(np.asarray(texts["split"]) == "eval")
     assert 10 <= len(eval_rows) <= 100
 
-    start = time.perf_counter()
+    # Loaded from its cache: nothing is trained, tokenised or written again, and the blocks come from the cached folder.
+    def files():
+        return {
+            os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns for d, _, fs in os.walk(cache_dir) for f in fs
+        }
+
+    before = files()
     texts = load_text_corpus(BUILTIN_SOURCE_CORPUS)
     tokenizer = load_or_train_tokenizer(None, texts, vocab_size=4096, cache_dir=cache_dir)
     again = build_lm_datasets(texts, tokenizer, block_size=128, cache_dir=cache_dir)
-    assert time.perf_counter() - start < 10
+    assert files() == before
+    for split in ("train", "eval"):
+        assert all(f["filename"].startswith(os.path.join(cache_dir, "lm-")) for f in again[split].cache_files)
     assert lm_dataset_stats(again) == stats

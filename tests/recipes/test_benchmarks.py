@@ -777,7 +777,7 @@ def test_run_workers_kills_every_process_of_the_launch_at_the_timeout(tmp_path):
     result = run_workers([sys.executable, "-c", code], timeout=15, check=False, kill_grace=2)
     assert result.timed_out and result.returncode == 124 and not result.ok
     assert "started" in result.stdout
-    assert result.seconds < 15 + 2 + 30  # SIGTERM, then SIGKILL after kill_grace: never waits for the sleeps
+    assert result.seconds < 300  # SIGTERM, then SIGKILL after kill_grace: never waits for the 600-s sleeps
     child = int(pid_file.read_text())
     for _ in range(50):
         try:

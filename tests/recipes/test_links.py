@@ -511,6 +511,9 @@ def test_two_namespaces_form_one_world_over_limited_links_and_leave_nothing_behi
     argv = ["--workers", "2", "--bandwidth", "1gbit", "--methods", "diloco", "--prefix", prefix]
     argv += ["--output_dir", str(tmp_path), "--budget_tokens", "10240", "--inner_steps", "5"]
     argv += ["--eval_every_rounds", "1", "--warmup_steps", "2", "--quick"]
+    # The small built-in corpus (tokenised in seconds on a fresh clone; the default one takes about a minute).
+    argv += ["--set", 'data.corpus="builtin:python-docs"', "--set", "data.eval_blocks=32"]
+    argv += ["--cache_dir", str(tmp_path / "cache")]
     results = links.main(argv)
     run = results["bandwidths"]["1gbit"]["diloco"]
     assert "error" not in run, run
