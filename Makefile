@@ -17,7 +17,7 @@ HIGHEST ?= $(shell $(PYTHON) $(VERSIONS) highest)
 VERSION_TESTS := tests/reporting/test_hub.py tests/trainer tests/config tests/worker/test_multiprocess.py \
 	tests/docs/test_readme.py tests/common/test_versions.py
 
-.PHONY: install test test-slow test-all test-versions quality style demo demo-report clean gpu-check
+.PHONY: install test test-slow test-all test-versions quality style demo demo-report clean gpu-check gpu-bench
 
 install: $(VENV)/.installed
 
@@ -38,6 +38,12 @@ test-slow: install
 # Everything that needs CUDA (tests, fp16 runs, auto max batch, throughput): < 10 min on one H100, one table.
 gpu-check: install
 	$(BIN)/python -m recipes.benchmarks.gpu_check
+
+# How fast AdLoCo trains on the GPU (throughput and MFU, compiled growing batches, 4 workers against 1, communication,
+# time to target against DiLoCo): resumable steps of <= 9 minutes into docs/gpu/<device>-<date>/, whose tables it
+# writes into docs/gpu.md. A later run finishes what an earlier one left (GPU_BENCH_ARGS="--max_minutes 8.5").
+gpu-bench: install
+	$(BIN)/python -m recipes.benchmarks.gpu_bench $(GPU_BENCH_ARGS)
 
 test-all: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -3,6 +3,7 @@
 | name | what it is |
 |---|---|
 | `"tiny"` | a 2-layer Llama (hidden 64) that trains on a laptop CPU in minutes: tests, CI and `make demo` |
+| `"llama-50m"`, `"llama-100m"` | Llamas of about 51 M and 99 M parameters (with a 4096-token vocabulary): the GPU benchmark's small sizes (`recipes/benchmarks/gpu_bench.py`) |
 | `"microllama"` | the architecture of MicroLlama (300M parameters, the model of the AdLoCo paper), from scratch |
 | anything else | `AutoModelForCausalLM.from_pretrained(name)`: a local folder (e.g. `outputs/demo/merged`) or a Hub id such as `keeeeenw/MicroLlama` (the paper's pretrained starting point) |
 
@@ -41,6 +42,27 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 256,
         "vocab_size": None,
     },
+    # Head dimension 64 in both, as in MicroLlama; about 51 M and 99 M parameters with a 4096-token vocabulary.
+    "llama-50m": {
+        "hidden_size": 640,
+        "intermediate_size": 1728,
+        "num_hidden_layers": 10,
+        "num_attention_heads": 10,
+        "num_key_value_heads": 5,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": None,
+    },
+    "llama-100m": {
+        "hidden_size": 768,
+        "intermediate_size": 2688,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": None,
+    },
     # keeeeenw/MicroLlama's config.json (a TinyLlama-style Llama with 12 layers, ~300M parameters).
     "microllama": {
         "hidden_size": 1024,
@@ -66,10 +88,11 @@ def build_model(
     """Build a causal LM from a preset name (random init from `seed`) or load one from a folder or the Hub.
 
     Args:
-        preset_or_path: a key of [`MODEL_PRESETS`] (`"tiny"`, `"microllama"`), or a local folder / Hub id for
-            `AutoModelForCausalLM.from_pretrained`.
-        vocab_size: the tokenizer's size (`len(tokenizer)`). Required by `"tiny"`; overrides `"microllama"`'s
-            32000. For a pretrained model the embeddings are resized when the tokenizer is larger than they are.
+        preset_or_path: a key of [`MODEL_PRESETS`] (`"tiny"`, `"llama-50m"`, `"llama-100m"`, `"microllama"`), or a
+            local folder / Hub id for `AutoModelForCausalLM.from_pretrained`.
+        vocab_size: the tokenizer's size (`len(tokenizer)`). Required by `"tiny"` and the `"llama-*"` presets;
+            overrides `"microllama"`'s 32000. For a pretrained model the embeddings are resized when the tokenizer is
+            larger than they are.
         seed: seed of the random initialisation of a preset (the global RNG is left untouched), so every worker
             builds the same weights.
         dtype: parameter dtype (`torch.bfloat16`, `"float32"`, ...). `None` means float32, also for pretrained

@@ -10,6 +10,11 @@ collects. Not meant to be run by hand.
   same order on every rank for as long as their batch sizes agree.
 - everything else: `AdLoCoTrainer` with the spec's `AdLoCoConfig` overrides; training stops at the end of the first
   round at which the cumulative training tokens of all instances reach the budget.
+
+With `budget_seconds` in the spec (the GPU benchmark's time to target, `gpu_bench.py`) training also stops at the end
+of the first round (DDP: the first multiple of `inner_steps` steps) after that many seconds of training, evaluations
+excluded; the workers agree on it with one all-reduce of a flag per round. `bf16`, `optim` and `torch_compile` in the
+spec set those `TrainingArguments` fields (default: off, `adamw_torch`, off).
 """
 
 import json
@@ -152,6 +157,31 @@ class TokenBudgetStop(TrainerCallback):
             control.should_training_stop = True
 
 
+class TimeBudgetStop(TrainerCallback):
+    """Stops training at the end of the first round (every `every` steps) once `budget` seconds of training have
+    passed (evaluations excluded). Every worker decides from the slowest one's clock (an all-reduce of one flag per
+    round), so all stop at the same step."""
+
+    def __init__(self, trainer: "BenchmarkMixin", budget: float, every: int, is_round_end=None):
+        self.trainer, self.budget, self.every, self.is_round_end = trainer, budget, every, is_round_end
+        self.stopped_at: int | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        end = self.is_round_end() if self.is_round_end else state.global_step % self.every == 0
+        if not end or trainer.bench_start_time is None:
+            return
+        seconds = time.perf_counter() - trainer.bench_start_time - trainer.bench_eval_seconds
+        shared = dist.is_initialized() and dist.get_world_size() > 1
+        device = "cpu" if not shared or dist.get_backend() == "gloo" else args.device
+        flag = torch.tensor([1.0 if seconds >= self.budget else 0.0], device=device)
+        if shared:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            control.should_training_stop = True
+            self.stopped_at = state.global_step
+
+
 class StepClock(TrainerCallback):
     """The seconds this worker spent in inner steps: from `on_step_begin` to its `on_step_end`, which runs first in
     the callback list (inserted at 0), before AdLoCo's ends the round. Forward, backward (switch mode's micro-batches
@@ -201,7 +231,6 @@ def common_arguments(spec: dict) -> dict:
         "lr_scheduler_type": "constant_with_warmup",
         "warmup_steps": train["warmup_steps"],
         "max_grad_norm": train["max_grad_norm"],
-        "optim": "adamw_torch",
         "seed": spec["seed"],
         "data_seed": spec["seed"],
         "use_cpu": on_cpu,
@@ -209,6 +238,9 @@ def common_arguments(spec: dict) -> dict:
         # with `--set backend=nccl`).
         "ddp_backend": spec.get("backend", "gloo"),
         "fp16": bool(spec["fp16"]),
+        "bf16": bool(spec.get("bf16", False)),
+        "optim": spec.get("optim", "adamw_torch"),
+        "torch_compile": bool(spec.get("torch_compile", False)),
         "eval_strategy": "steps",
         "prediction_loss_only": True,  # the Trainer would otherwise gather every eval logit across workers
         "save_strategy": "no",
@@ -374,6 +406,13 @@ def main() -> None:
         trainer.add_callback(TokenBudgetStop(trainer, spec["budget_tokens"]))
         marks = RoundMarks(trainer, clock)
         trainer.add_callback(marks)
+    time_stop = None
+    if spec.get("budget_seconds") is not None:
+        round_end = (
+            None if kind == "ddp" else (lambda: trainer.adloco_state.last_round_step == trainer.state.global_step)
+        )
+        time_stop = TimeBudgetStop(trainer, spec["budget_seconds"], spec["train"]["inner_steps"], round_end)
+        trainer.add_callback(time_stop)
 
     dist.barrier()
     trainer.bench_start_bytes = socket_bytes_sent()
@@ -406,6 +445,7 @@ def main() -> None:
         "inner_step_seconds": clock.seconds,
         "inner_steps_timed": clock.steps,
         "round_marks": None if marks is None else marks.marks,
+        "time_budget_stop": None if time_stop is None else time_stop.stopped_at,
     }
     everyone: list[dict] = [None] * world
     dist.all_gather_object(everyone, mine)
@@ -451,6 +491,8 @@ def write_result(spec, args, trainer, everyone, *, tokens_per_step: int, ddp_ste
         "method": spec["method"],
         "kind": kind,
         "budget_reached": tokens >= spec["budget_tokens"],
+        # The step at which the time budget stopped training (None: the token budget or max_steps did).
+        "stopped_by_time_at": everyone[0].get("time_budget_stop"),
         "final_eval_ppl": final["eval_ppl"],
         "tokens": tokens,
         "comm_rounds": comm_rounds,
