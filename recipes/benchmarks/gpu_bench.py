@@ -124,9 +124,10 @@ def stop(process: subprocess.Popen, grace: float = 45.0) -> None:
         process.wait()
 
 
-def run_step(step: Step, folder: str, cache_dir: str, tiny: bool, log_dir: str) -> dict:
-    """Run one step in its own process (stopped at the step limit); its outcome for `runs.json`."""
-    if tiny:
+def run_step(step: Step, folder: str, cache_dir: str, tiny: bool, log_dir: str, isolate: bool = False) -> dict:
+    """Run one step in its own process (stopped at the step limit); its outcome for `runs.json`. `--tiny` steps run
+    in this process unless `isolate`."""
+    if tiny and not isolate:
         return run_in_process(step, folder, cache_dir)
     command = [sys.executable, "-m", f"recipes.benchmarks.{step.module}", "--step", step.name, "--results_dir", folder,
                "--cache_dir", cache_dir, *(["--tiny"] if tiny else [])]  # fmt: skip
@@ -176,6 +177,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--doc", default=None, help="The page whose generated section is rewritten (docs/gpu.md).")
     parser.add_argument("--tiny", action="store_true", help="Every step at tiny scale, on a CPU too.")
     parser.add_argument("--table", action="store_true", help="Only regenerate the tables from the results files.")
+    parser.add_argument("--isolate", action="store_true", help="--tiny: each step in its own process, as on a GPU.")
     return parser.parse_args(argv)
 
 
@@ -220,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--- {step.name}: left for a later run ({step.minutes} min estimated, {elapsed:.1f} of "
                   f"{args.max_minutes} min used)", flush=True)  # fmt: skip
             continue
-        outcomes.append(run_step(step, folder, os.path.abspath(args.cache_dir), args.tiny, log_dir))
+        outcomes.append(run_step(step, folder, os.path.abspath(args.cache_dir), args.tiny, log_dir, args.isolate))
     if outcomes:
         record_runs(folder, outcomes)
     write_readme(folder)

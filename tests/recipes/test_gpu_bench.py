@@ -50,6 +50,20 @@ def test_a_later_run_continues_the_newest_unfinished_folder_of_its_device(tmp_pa
     )
 
 
+def test_a_stopped_step_takes_its_process_group_with_it():
+    """The step limit (or gpu_bench itself stopped): SIGTERM to the step's process group, SIGKILL after the grace."""
+    import signal
+
+    ignoring = "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    for code, grace in (("", 10.0), (ignoring, 0.5)):
+        program = f"import signal, time; {code}print('ready', flush=True); time.sleep(60)"
+        process = subprocess.Popen([sys.executable, "-c", program], start_new_session=True, stdout=subprocess.PIPE)
+        assert process.stdout.readline().strip() == b"ready"
+        gpu_bench.stop(process, grace=grace)
+        assert process.poll() is not None
+        assert process.returncode == (-signal.SIGTERM if grace > 1 else -signal.SIGKILL)
+
+
 def test_time_to_target_interpolates_each_method_to_diloco_s_final_perplexity(tmp_path):
     def run(points):
         evals = [{"seconds": s, "tokens": 100 * s, "eval_ppl": p} for s, p in points]
@@ -138,6 +152,21 @@ def test_the_tiny_benchmark_runs_every_step_resumes_and_writes_its_table(tmp_pat
     assert f"{len(TINY_STEPS)} of {len(TINY_STEPS)} steps done" in second.stdout
     assert {step: (folder / f"{step}.json").stat().st_mtime_ns for step in TINY_STEPS} == stamps
     assert len(json.loads((folder / "runs.json").read_text())) == len(TINY_STEPS)
+    # A step whose results are missing runs again, alone, here in its own process (as every step does on a GPU).
+    os.remove(folder / "target-trainer-seed1.json")
+    third = subprocess.run([*command, "--isolate"], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    assert f"{len(TINY_STEPS) - 1} of {len(TINY_STEPS)} steps done" in third.stdout
+    assert (
+        "--- target-trainer-seed1: recipes" not in third.stdout
+        and "_gpu_workers --step target-trainer-seed1" in third.stdout
+    )
+    runs = json.loads((folder / "runs.json").read_text())
+    assert [run["step"] for run in runs[len(TINY_STEPS) :]] == ["target-trainer-seed1"] and runs[-1]["done"]
+    assert {step: (folder / f"{step}.json").stat().st_mtime_ns for step in TINY_STEPS[:-1]} == {
+        step: stamps[step] for step in TINY_STEPS[:-1]
+    }
+    text = doc.read_text()  # the trainer's new run changed its numbers in the table
     # --table regenerates the section from the files alone.
     doc.write_text(text.replace(section, "\nstale\n"))
     table = [
