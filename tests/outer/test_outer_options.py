@@ -67,6 +67,7 @@ def _run(
     )
     record = {"phi0": gm.phi.detach().clone(), "theta_before": [], "theta_after": [], "phi": [], "results": []}
     record["residuals"] = []  # each round's residual after its outer step (None without compression)
+    record["arrived"] = []  # overlapped: the average each round sent (waited for here; wait() may be called again)
 
     def residual():
         kept = gm.reduce.error_feedback.residual if gm.reduce.error_feedback is not None else None
@@ -79,6 +80,8 @@ def _run(
         record["theta_after"].append(flat(params))
         record["phi"].append(gm.phi.detach().clone())
         record["results"].append(result)
+        if gm.pending is not None:  # the background ring done, so that its residual is final
+            record["arrived"].append(gm.pending.wait().detach().clone())
         record["residuals"].append(residual())
     record["residual"] = residual()
     gm.settle()
@@ -254,15 +257,39 @@ def test_when_the_workers_agree_local_weight_one_is_blocking_diloco_and_kale_lag
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_overlap_with_int4_stays_close_to_the_uncompressed_overlap(runs, world_size):
+def test_overlap_with_int4_is_the_eager_update_of_the_ring_mean_of_the_compensated_deltas(runs, world_size):
+    """int4 with `outer_overlap`: each round's Δ_t^m plus the worker's residual goes round the compressed ring in the
+    background; what arrives is within the ring's bound of the exact mean of those inputs, the residuals keep what
+    the quantizations dropped, and θ follows the eager update fed the averages that arrived, one round late."""
     records = runs(world_size)
-    exact = [r["overlap_local"] for r in records]
-    compressed = [r["overlap_int4"] for r in records]
-    for w in compressed[1:]:
-        assert torch.equal(w["settled_phi"], compressed[0]["settled_phi"])
-    scale = (exact[0]["settled_phi"] - exact[0]["phi0"]).abs().max()
-    gap = (compressed[0]["settled_phi"] - exact[0]["settled_phi"]).abs().max()
-    assert 0 < gap <= 0.25 * scale  # quantized (not equal), yet it moved the same way
+    assert [r["world_size"] for r in records] == [world_size] * world_size
+    workers = [r["overlap_int4"] for r in records]
+    assert all(len(w["arrived"]) == ROUNDS for w in workers)  # every round sent its Δ (none left unmeasured)
+    largest = 0.0
+    for round_ in range(ROUNDS):
+        for w in workers[1:]:
+            assert torch.equal(w["arrived"][round_], workers[0]["arrived"][round_])
+            assert torch.equal(w["phi"][round_], workers[0]["phi"][round_])
+        starts = [w["phi0"] if round_ == 0 else w["theta_after"][round_ - 1] for w in workers]
+        carried = [torch.zeros(NUMEL) if round_ == 0 else w["residuals"][round_ - 1] for w in workers]
+        inputs = torch.stack(
+            [s.double() - w["theta_before"][round_].double() + e.double() for s, w, e in zip(starts, workers, carried)]
+        )
+        arrived = workers[0]["arrived"][round_].double()
+        error = (arrived - inputs.mean(0)).abs()
+        bound = ring_error_bound(inputs.abs().sum(0).float(), world_size, bits=4, block_size=BLOCK).double()
+        assert (error <= bound + 1e-7).all(), (error - bound).max()
+        largest = max(largest, error.max().item())
+        kept = sum(w["residuals"][round_].double() for w in workers)
+        assert (kept + world_size * arrived - inputs.sum(0)).abs().max() <= 1e-5
+    assert largest > 1e-5  # it really was quantized
+    # θ: the eager update (λ = 1) of each worker's own Δ, corrected by the averages that arrived.
+    reference = _eager_reference(workers, local_weight=1.0, means=[a.double() for a in workers[0]["arrived"]])
+    for round_ in range(ROUNDS):
+        for m, w in enumerate(workers):
+            assert (w["theta_after"][round_].double() - reference[round_][m]).abs().max() <= 1e-5
+    for w in workers[1:]:
+        assert torch.equal(w["settled_phi"], workers[0]["settled_phi"])
 
 
 def test_overlap_with_one_worker_equals_the_blocking_outer_step():
