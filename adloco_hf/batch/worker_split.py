@@ -16,7 +16,8 @@ checks it against every split of small totals). The continuous solution is x_w â
 Measured seconds move from round to round (other jobs, caches, a thermal limit): `plan_worker_split` keeps the
 current split unless the new one would end the round sooner by more than `hysteresis` (the share of the current
 round's predicted time), so noise does not reshuffle the batches (AdaptDL's users ask the same of a batch change:
-adaptdl#27). A worker's seconds per sample are measured at its current share, with the fixed costs of a step
+adaptdl#27). When the instance's total changes (its request grew), the split kept is the current one resized to the
+new total (`resize_split`), so a growing request does not reshuffle the batches either. A worker's seconds per sample are measured at its current share, with the fixed costs of a step
 spread over it, so the next plan corrects the previous one until the workers' times agree.
 """
 
@@ -25,13 +26,30 @@ import math
 from collections.abc import Sequence
 
 
-__all__ = ["equal_split", "plan_worker_split", "round_seconds", "split_by_speed"]
+__all__ = ["equal_split", "plan_worker_split", "resize_split", "round_seconds", "split_by_speed"]
 
 
 def equal_split(total: int, num_workers: int) -> tuple[int, ...]:
     """`total` over `num_workers` workers as evenly as possible, larger shares first (an instance's equal split)."""
     base, extra = divmod(total, num_workers)
     return tuple([base + 1] * extra + [base] * (num_workers - extra))
+
+
+def resize_split(
+    split: Sequence[int], total: int, *, unit: int = 1, minimum: int = 1, limit: int | None = None
+) -> tuple[int, ...] | None:
+    """`split` scaled to another `total` (the request grew or shrank), each share in proportion, in whole `unit`s
+    (largest remainders first, ties to the lower index): the split the workers' speeds asked for, at the new size.
+    None when a share would fall outside [`minimum`, `limit`] (then there is no such split to keep)."""
+    units, old = total // unit, sum(split)
+    exact = [x * total / old / unit for x in split]
+    resized = [math.floor(e) for e in exact]
+    order = sorted(range(len(split)), key=lambda w: (-(exact[w] - resized[w]), w))
+    for w in order[: units - sum(resized)]:
+        resized[w] += 1
+    if any(x * unit < minimum or (limit is not None and x * unit > limit) for x in resized):
+        return None
+    return tuple(x * unit for x in resized)
 
 
 def round_seconds(split: Sequence[int], seconds_per_sample: Sequence[float]) -> float:

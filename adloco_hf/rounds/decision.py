@@ -13,7 +13,7 @@ from ..batch.controller import next_request
 from ..batch.lr_scaling import lr_factor
 from ..batch.size_tests import PooledStatistics, pool_statistics
 from ..batch.switch_mode import plan_batch
-from ..batch.worker_split import plan_worker_split
+from ..batch.worker_split import plan_worker_split, resize_split
 from ..instances.health import merge_warnings, skipped_rounds_failure
 from ..instances.table import Instance, MergePlan, merge_is_due, plan_merge
 from ..outer.step import ring_all_reduce_bytes
@@ -200,21 +200,27 @@ def worker_sample_seconds(members: list[WorkerReport], processes_per_worker: int
 def plan_shares(instances: list[Instance], reports: list[WorkerReport], rules: RoundRules) -> list[Instance]:
     """`worker_batch_split="speed"`: every instance's split of its next total among its workers (after a merge,
     among the workers it has now), from the seconds per sample each worker measured this round
-    (`batch/worker_split.py`). An equal split is stored as no shares, so a run whose workers keep equal speeds
+    (`batch/worker_split.py`), kept (resized when the request moved) unless a new one ends a round sooner by more
+    than `split_hysteresis`. An equal split is stored as no shares, so a run whose workers keep equal speeds
     holds the same instance table, and takes the same steps, as one with `worker_batch_split="equal"`."""
     g = rules.processes_per_worker
     seconds = worker_sample_seconds(reports, g)  # every worker, in worker order
     planned = []
     for inst in instances:
         used = used_per_worker(inst.batch_size, rules)
+        total, minimum = used * len(inst.workers), min(rules.min_share, used)
+        limit = None if rules.share_limit is None else max(rules.share_limit, used)
+        current = inst.split(used)
+        if inst.shares and sum(inst.shares) != total:  # the request moved: the split so far, at the new total
+            current = resize_split(inst.shares, total, unit=g, minimum=minimum, limit=limit) or current
         shares = plan_worker_split(
-            used * len(inst.workers),
+            total,
             [seconds[w] for w in inst.workers],
-            inst.split(used),
+            current,
             hysteresis=rules.split_hysteresis,
             unit=g,
-            minimum=min(rules.min_share, used),
-            limit=None if rules.share_limit is None else max(rules.share_limit, used),
+            minimum=minimum,
+            limit=limit,
         )
         planned.append(replace(inst, shares=() if len(set(shares)) == 1 else shares))
     return planned

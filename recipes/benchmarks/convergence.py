@@ -945,6 +945,47 @@ def format_report(results: dict) -> str:
     return "\n".join(lines)
 
 
+# A method's figures that `summary.json` keeps (means, sds and per-seed values), with every ratio and wall per round.
+SUMMARY_KEYS = ("seeds", "tokens", "rounds", "wall_seconds", "wall_seconds_seeds", "wall_per_round",
+                "wall_per_round_sd", "wall_per_round_seeds", "ppl_at_equal_tokens", "ppl_at_equal_tokens_sd",
+                "ppl_at_equal_tokens_seeds", "final_eval_ppl", "final_eval_ppl_seeds", "comm_bytes")  # fmt: skip
+
+
+def summary(results: dict) -> dict:
+    """The compact record of a run (`summary.json`, small enough to keep beside the docs that quote it): per method
+    the figures of `SUMMARY_KEYS`, its ratios (`ppl_vs_*`, `wall_per_round_vs_*`, ...) and, per seed, the slowed
+    ranks and every round's per-worker batches and seconds per sample (instance id → one list per round); the
+    targets, the equal-token point, the seeds and the settings. Everything else stays in `results.json`."""
+    methods = {}
+    for name, m in results["methods"].items():
+        if "error" in m:
+            methods[name] = {"error": m["error"]}
+            continue
+        entry = {key: m.get(key) for key in SUMMARY_KEYS}
+        entry.update({k: v for k, v in m.items() if k.startswith(("ppl_vs_", "wall_per_round_vs_", "wall_vs_"))})
+        entry["per_seed"] = {
+            seed: {
+                "slowed_ranks": r.get("slowed_ranks", []),
+                "worker_batch_sizes": _per_round(r, "worker_batch_sizes"),
+                "worker_sample_seconds": _per_round(r, "worker_sample_seconds"),
+            }
+            for seed, r in m["seed_results"].items()
+            if "error" not in r
+        }
+        methods[name] = entry
+    keep = ("equal_tokens", "targets", "seeds", "settings", "profile", "total_seconds")
+    return {"methods": methods, **{key: results.get(key) for key in keep}}
+
+
+def _per_round(result: dict, key: str) -> dict[str, list]:
+    """instance id → [that instance's `key` in each round it trained] from a run's round log."""
+    out: dict[str, list] = {}
+    for entry in result.get("round_log") or []:
+        for instance, value in (entry.get(key) or {}).items():
+            out.setdefault(instance, []).append(value)
+    return out
+
+
 def plot(results: dict, path: str) -> str:
     import matplotlib
 
@@ -1124,6 +1165,7 @@ def main(argv: list[str] | None = None) -> dict:
     results.update(compare(methods))
     results["total_seconds"] = time.perf_counter() - start
     write_json(os.path.join(output_dir, "results.json"), results)
+    write_json(os.path.join(output_dir, "summary.json"), summary(results))
     report = format_report(results)
     with open(os.path.join(output_dir, "table.md"), "w", encoding="utf-8") as f:
         f.write(report + "\n")

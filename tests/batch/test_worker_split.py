@@ -5,7 +5,13 @@ import random
 
 import pytest
 
-from adloco_hf.batch.worker_split import equal_split, plan_worker_split, round_seconds, split_by_speed
+from adloco_hf.batch.worker_split import (
+    equal_split,
+    plan_worker_split,
+    resize_split,
+    round_seconds,
+    split_by_speed,
+)
 
 
 def brute_force_best(total, seconds, *, unit=1, minimum=1, limit=None):
@@ -111,3 +117,11 @@ def test_without_measurements_or_a_current_split_the_plan_is_equal_or_kept():
     assert plan_worker_split(8, [nan, nan], None, hysteresis=0.05, unit=2) == (4, 4)
     # A current split of another total (the request grew) does not hold the new one back.
     assert plan_worker_split(16, [1.0, 3.0], (5, 3), hysteresis=0.5) == split_by_speed(16, [1.0, 3.0])
+
+
+def test_a_split_resized_to_another_total_keeps_its_proportions():
+    assert resize_split((6, 2), 16) == (12, 4)
+    assert resize_split((5, 5, 5, 1), 24) == (8, 8, 7, 1)  # 7.5, 7.5, 7.5, 1.5: remainders to the lower indices
+    assert resize_split((12, 4), 12, unit=2, minimum=2) == (10, 2)  # 9 and 3 in units of 2 are 4.5 and 1.5
+    assert resize_split((7, 1), 4) is None  # the slow worker's share would fall to 0
+    assert resize_split((6, 2), 16, limit=10) is None  # above a worker's shard

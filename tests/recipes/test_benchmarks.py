@@ -562,6 +562,15 @@ def test_a_split_by_speed_is_compared_with_equal_batches_per_round_and_with_no_s
     report = convergence.format_report({"methods": methods, **summary})
     assert "diloco_balanced vs diloco_slow1 (equal batches, the same slow worker): wall per round 0.550" in report
     assert "target 0.98 <= diloco_balanced ppl / diloco ppl at equal tokens (within 2 %) <= 1.02" in report
+    # The compact record keeps the figures, the ratios and each seed's per-worker batches, round by round.
+    slow["seed_results"][1]["round_log"] = [
+        {"worker_batch_sizes": {"0": [4, 4, 4, 4]}, "worker_sample_seconds": {"0": [0.01, 0.01, 0.01, 0.03]}},
+        {"worker_batch_sizes": {"0": [5, 5, 5, 1]}, "worker_sample_seconds": {"0": [0.01, 0.01, 0.01, 0.04]}},
+    ]
+    kept = convergence.summary({"methods": methods, "seeds": [1, 2], "settings": {}, **summary})
+    assert kept["methods"]["diloco_balanced"]["wall_per_round_vs_diloco_slow1"] == pytest.approx(0.55)
+    assert kept["methods"]["diloco_slow1"]["per_seed"][1]["worker_batch_sizes"] == {"0": [[4, 4, 4, 4], [5, 5, 5, 1]]}
+    assert kept["targets"] == summary["targets"] and "seed_results" not in kept["methods"]["diloco"]
     # 5 % worse is outside the 2 %.
     balanced["seed_results"][2]["curve"][-1][1] = 66.0
     assert (

@@ -148,3 +148,16 @@ def test_shares_in_the_instance_row_and_when_they_stop_applying():
     assert (kept.survivor, kept.merged) in ((1, 2), (2, 1))
     untouched = next(i for i in kept.after if i.id == 0)
     assert untouched.workers == (0, 1) and untouched.shares == (6, 2)  # its workers stay: so does its split
+
+
+def test_a_request_that_grows_keeps_the_split_resized_unless_a_new_one_is_clearly_faster():
+    # The request went from 4 to 6 per worker (a total of 12): the split (6, 2) resized is (9, 3). At 0.05 and 0.17 s
+    # per sample, (10, 2) would end a step at 0.50 s against 0.51 s for (9, 3): 2 % sooner, within the hysteresis.
+    reports = [report(0, 30, 1.5), report(0, 10, 1.7)]
+    kept = decide([Instance(0, (0, 1), 6, shares=(6, 2))], reports)
+    assert kept.instances[0].shares == (9, 3)
+    fresh = decide([Instance(0, (0, 1), 6)], reports)  # from equal batches, (10, 2) is 50 % sooner
+    assert fresh.instances[0].shares == (10, 2)
+    # Clearly faster wins over the resized split too: at 0.5 s per sample worker 1 gets the minimum.
+    moved = decide([Instance(0, (0, 1), 6, shares=(6, 2))], [report(0, 30, 1.5), report(0, 10, 5.0)])
+    assert moved.instances[0].shares == (11, 1)
