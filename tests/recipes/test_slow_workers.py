@@ -101,3 +101,16 @@ def test_the_group_is_removed_on_sigterm_and_a_sigkilled_benchmark_s_by_the_next
     assert os.path.isdir(leftover)  # SIGKILL runs no cleanup...
     assert os.path.basename(leftover) in slow.remove_stale_groups(parent)  # ...the next benchmark does it
     assert not os.path.exists(leftover)
+
+
+def test_the_benchmarks_group_covers_every_process_of_the_slow_workers():
+    _parent_or_skip()
+    from recipes.benchmarks import convergence
+
+    with convergence.slow_group({"slow_workers": {"workers": [1], "cores": 0.5}, "processes_per_worker": 2}) as env:
+        procs = env[slow.ENV_PROCS]
+        assert env[slow.ENV_RANKS] == "2,3"  # worker 1's two processes (links.py: machine 1's)
+        assert os.path.isfile(procs)
+    assert not os.path.exists(os.path.dirname(procs))
+    with convergence.slow_group({"slow_workers": None}) as env:
+        assert env == {}
