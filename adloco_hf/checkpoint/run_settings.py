@@ -49,7 +49,7 @@ TRAJECTORY_FIELDS = (
     "switch_threshold", "pseudo_grad_dtype", "pseudo_grad_compression", "merge_transport",
     "compression_block_size", "outer_overlap", "outer_overlap_local_weight", "outer_lr", "outer_momentum",
     "outer_nesterov", "lr_batch_scaling", "per_device_train_batch_size", "seed", "data_seed", "processes_per_worker",
-    "worker_parallelism",
+    "worker_parallelism", "worker_batch_split", "split_hysteresis",
 )  # fmt: skip
 # Recorded and compared, but a change is an elastic resume (logged): each instance keeps its state (`checkpoint/elastic.py`).
 ELASTIC_FIELDS = ("world_size",)

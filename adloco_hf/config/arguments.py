@@ -178,6 +178,19 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
         memory_fraction (`float`, *optional*, defaults to `0.9`):
             Share of free accelerator memory that `max_batch_size="auto"` may plan for (divided among the workers
             that share a GPU).
+        worker_batch_split (`str`, *optional*, defaults to `"equal"`):
+            How an instance's batch per inner step is split among its workers: `"equal"` (every worker runs the
+            request) or `"speed"`: at every round's end, each worker's share of the instance's total (the request ×
+            its workers, as switch mode runs it) follows its measured seconds per sample over the round, so that the
+            round ends when the average worker finishes, not the slowest. Shares are integers (multiples of
+            `processes_per_worker`, at least one sample per process, at most a worker's data shard) and run whole,
+            accumulated in micro-batches above `max_batch_size`; the pseudo-gradients are averaged with each worker
+            weighted by the samples it trained (the plain mean when the shares are equal); the learning rate follows
+            the request, the same on all of an instance's workers. The rounds file logs every worker's share and
+            speed (`worker_batch_sizes`, `worker_sample_seconds`); the split is in the checkpoints.
+        split_hysteresis (`float`, *optional*, defaults to `0.05`):
+            With `worker_batch_split="speed"`: the split changes only when the new one would end a round sooner by
+            more than this share of the current one's predicted time, in [0, 1).
 
         > Parameters that control failures
 

@@ -72,6 +72,11 @@ def check_adloco(config: TrainingArguments) -> None:
         )
     if not 0 < config.shrink_hysteresis <= 1:
         raise ValueError(f"shrink_hysteresis={config.shrink_hysteresis}: set a value in (0, 1] (e.g. 0.5).")
+    if not 0 <= config.split_hysteresis < 1:
+        raise ValueError(
+            f"split_hysteresis={config.split_hysteresis}: set a value in [0, 1) (0.05 re-splits a worker's batches "
+            "only when a round would end 5 % sooner)."
+        )
     if config.batch_size_floor is not None and config.batch_size_floor < 1:
         raise ValueError(f"batch_size_floor={config.batch_size_floor}: set an integer >= 1, or None.")
     if not config.noise_scale_multiple > 0:

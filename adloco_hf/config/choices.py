@@ -17,6 +17,7 @@ __all__ = [
     "OUTER_STATE_DEVICES",
     "PSEUDO_GRAD_COMPRESSIONS",
     "PSEUDO_GRAD_DTYPES",
+    "WORKER_BATCH_SPLITS",
     "WORKER_PARALLELISMS",
 ]
 
@@ -35,6 +36,7 @@ NONPOSITIVE_SIGNAL = ("keep", "clamp")
 NOISE_PRECONDITIONERS = ("none", "adam")
 LR_SCALING_RULES = ("none", "sqrt", "sqrt_adam", "linear")
 ADAM_RULES = ("sqrt_adam",)  # the rules that rewrite betas, eps and weight_decay as well
+WORKER_BATCH_SPLITS = ("equal", "speed")  # an instance's batch among its workers: evenly, or by measured speed
 # What `max_batch_size="auto"` means without CUDA: CPU memory is rarely the limit for the small models trained there,
 # and the micro-batch then only trades speed for memory.
 CPU_AUTO_MAX_BATCH_SIZE = 32

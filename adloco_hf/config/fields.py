@@ -22,6 +22,7 @@ from .choices import (
     OUTER_STATE_DEVICES,
     PSEUDO_GRAD_COMPRESSIONS,
     PSEUDO_GRAD_DTYPES,
+    WORKER_BATCH_SPLITS,
 )
 
 
@@ -185,6 +186,17 @@ class BatchFields:
     )
     memory_fraction: float = field(
         default=0.9, metadata={"help": "Share of free GPU memory that max_batch_size='auto' plans for."}
+    )
+    worker_batch_split: str = field(
+        default="equal",
+        metadata={
+            "help": "How an instance's batch is split among its workers: equal, or by their measured speed (speed).",
+            "choices": list(WORKER_BATCH_SPLITS),
+        },
+    )
+    split_hysteresis: float = field(
+        default=0.05,
+        metadata={"help": "worker_batch_split='speed': re-split when a round would end this much sooner."},
     )
 
 

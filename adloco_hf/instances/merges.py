@@ -4,14 +4,14 @@ Two transports (`AdLoCoConfig.merge_transport`), with P the payload of one insta
 in float32, 8 bytes per trainable parameter (4 without momentum):
 
 - `"all_reduce"` (`all_reduce_merge`): one weighted all-reduce of (φ, momentum) over the workers of both merging
-  instances (`instances.plan_collectives`), a broadcast of its instance's state to each worker that moves to another
+  instances (`messages.plan_collectives`), a broadcast of its instance's state to each worker that moves to another
   instance, and the merged φ (P / 2 with momentum) to the checkpoint writer when it is outside the merge. Every
   worker keeps its own inner-optimizer (AdamW) state. Bytes sent: 2 (n − 1) P over the n members (both instances'
   workers, and any worker that joins the survivor from a third instance; ring model, `outer.ring_all_reduce_bytes`), (k − 1) P for a broadcast to k − 1 workers, P / 2 for the save. Link time: the
   all-reduce ≈ 2 (n − 1) / n P per worker, < 2 P, then ≈ P for a worker that moves (one receiver), the broadcasts of
   different instances side by side: ≤ 3 P in all (plus P / 2 in the one case where the writer is outside the merge
   and also the source of a broadcast).
-- `"point_to_point"` (`execute_merge`): blocking sends in one global order (`instances.plan_transfers`): the merged
+- `"point_to_point"` (`execute_merge`): blocking sends in one global order (`messages.plan_transfers`): the merged
   instance's state to the survivor's first worker, the merged state to each other worker of the survivor one after
   the other, and the first worker's AdamW state (≈ P more) to each worker that joins an instance: ≈ n P on the
   survivor's first worker's link for the weights alone (P in, then P to each of the n − 1 others in turn), plus
@@ -37,16 +37,8 @@ from ..common.distributed import (
 from ..common.layout import WorkerLayout
 from ..config.choices import MERGE_TRANSPORTS
 from ..outer.step import GlobalModel, ring_all_reduce_bytes
-from .table import (
-    Instance,
-    MergeCollectives,
-    MergePlan,
-    Transfer,
-    final_merge_weights,
-    instance_of,
-    plan_collectives,
-    plan_transfers,
-)
+from .messages import MergeCollectives, Transfer, plan_collectives, plan_transfers
+from .table import Instance, MergePlan, final_merge_weights, instance_of
 
 
 __all__ = [

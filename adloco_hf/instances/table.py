@@ -20,20 +20,15 @@ from ..config.choices import MERGE_BATCH_RULES
 
 
 __all__ = [
-    "Broadcast",
     "Instance",
     "MERGE_BATCH_RULES",
     "final_merge_weights",
-    "MergeCollectives",
     "MergePlan",
-    "Transfer",
     "choose_merge",
     "initial_instances",
     "instance_of",
     "merge_is_due",
-    "plan_collectives",
     "plan_merge",
-    "plan_transfers",
     "reassign_workers",
     "redistribute",
     "seat_counts",
@@ -56,6 +51,8 @@ class Instance:
         trained: whether a round has moved its weights since the start (its own, or one of an instance merged
             into it).
         noise: the moving averages of its gradient statistics (`batch_controller.NoiseEstimate`).
+        shares: with `worker_batch_split="speed"`, each worker's samples per inner step (in `workers` order), the
+            instance's total split by speed (`batch/worker_split.py`); empty: every worker runs the request.
     """
 
     id: int
@@ -66,11 +63,17 @@ class Instance:
     rounds_since_merge: int = 0
     trained: bool = False
     noise: NoiseEstimate = field(default_factory=NoiseEstimate)
+    shares: tuple[int, ...] = ()
 
     def __post_init__(self):
         if not self.workers:
             raise ValueError(f"instance {self.id} has no worker")
-        object.__setattr__(self, "workers", tuple(sorted(self.workers)))
+        if self.shares and len(self.shares) != len(self.workers):
+            raise ValueError(f"instance {self.id} has {len(self.workers)} workers but {len(self.shares)} shares")
+        order = sorted(range(len(self.workers)), key=lambda k: self.workers[k])
+        object.__setattr__(self, "workers", tuple(self.workers[k] for k in order))
+        if self.shares:
+            object.__setattr__(self, "shares", tuple(int(self.shares[k]) for k in order))
         if self.demand < 0:
             object.__setattr__(self, "demand", float(self.batch_size * len(self.workers)))
 
@@ -91,6 +94,13 @@ class Instance:
             noise=self.noise if noise is None else noise,
         )
 
+    def split(self, used: int) -> tuple[int, ...]:
+        """Each worker's samples per inner step (in `workers` order) when the request runs as `used` samples per
+        worker: its `shares` while they split exactly the instance's total (`used` × workers), else `used` each."""
+        if self.shares and sum(self.shares) == used * len(self.workers):
+            return self.shares
+        return (used,) * len(self.workers)
+
     @property
     def made_no_progress(self) -> bool:
         """Every round since the start, or since its last merge, was skipped (and there was at least one)."""
@@ -99,13 +109,16 @@ class Instance:
     def to_row(self) -> list:
         """The row a checkpoint stores (`from_row` reads it back)."""
         row = [self.id, self.batch_size, self.demand, list(self.workers)]
-        return row + [self.skipped_in_a_row, self.rounds_since_merge, self.trained, self.noise.to_list()]
+        row += [self.skipped_in_a_row, self.rounds_since_merge, self.trained, self.noise.to_list()]
+        return row + [list(self.shares)] if self.shares else row
 
     @classmethod
     def from_row(cls, row: list) -> "Instance":
-        """A checkpoint's row; one written before the skip counts existed reads as trained, with none skipped."""
+        """A checkpoint's row; one written before the skip counts existed reads as trained, with none skipped, and
+        one without shares (an equal split, or written before shares existed) with none."""
         instance_id, batch_size, demand, workers, *health = row
         skipped, since_merge, trained, *noise = health or (0, 0, True)
+        shares = tuple(int(x) for x in noise[1]) if len(noise) > 1 else ()
         return cls(
             instance_id,
             tuple(workers),
@@ -115,6 +128,7 @@ class Instance:
             int(since_merge),
             bool(trained),
             NoiseEstimate.from_list(noise[0] if noise else None),
+            shares,
         )
 
 
@@ -196,7 +210,13 @@ def redistribute(
     for inst in sorted(instances, key=lambda x: x.id):
         while len(kept[inst.id]) < seats[inst.id]:
             kept[inst.id].append(released.pop(0))
-    return [replace(inst, workers=tuple(sorted(kept[inst.id]))) for inst in instances]
+    # A split by speed belongs to the workers it was planned for: an instance whose workers change runs equal shares
+    # until the next round's end plans again.
+    return [
+        replace(inst, workers=workers, shares=inst.shares if workers == inst.workers else ())
+        for inst in instances
+        for workers in [tuple(sorted(kept[inst.id]))]
+    ]
 
 
 def reassign_workers(instances: list[Instance], num_workers: int) -> list[Instance]:
@@ -293,104 +313,3 @@ def final_merge_weights(instances: list[Instance]) -> dict[int, float]:
     counted = {inst.id for inst in instances if inst.trained} or {inst.id for inst in instances}
     total = sum(inst.demand for inst in instances if inst.id in counted)
     return {inst.id: inst.demand / total if inst.id in counted else 0.0 for inst in instances}
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """One point-to-point message of a merge.
-
-    kind: "merge_input" (the merged-away instance's weights and momentum to the survivor's first worker),
-    "global" (an instance's weights and momentum to a worker that needs them), "inner" (the inner-optimizer
-    state of an instance's first worker to a worker that joins it) or "save" (merged weights to the rank that
-    writes checkpoints).
-    """
-
-    kind: str
-    instance: int
-    src: int
-    dst: int
-
-
-def plan_transfers(plan: MergePlan, *, writer_rank: int = 0, save: bool = True) -> list[Transfer]:
-    """The ordered messages that carry out a merge; every rank runs its own part in this order.
-
-    Blocking sends and receives in one global order cannot deadlock: the earliest unfinished message always has both
-    its ends waiting on it.
-    """
-    before = {inst.id: inst for inst in plan.before}
-    survivor_src = before[plan.survivor].first_worker
-    transfers = [Transfer("merge_input", plan.survivor, before[plan.merged].first_worker, survivor_src)]
-    for inst in sorted(plan.after, key=lambda x: x.id):
-        if inst.id == plan.survivor:
-            src, holders = survivor_src, {survivor_src}
-            joined = set(inst.workers) - set(before[inst.id].workers)
-        else:
-            holders = set(before[inst.id].workers)
-            src = min(holders)
-            joined = set(inst.workers) - holders
-        for dst in sorted(set(inst.workers) - holders):
-            transfers.append(Transfer("global", inst.id, src, dst))
-        for dst in sorted(joined):
-            transfers.append(Transfer("inner", inst.id, src, dst))
-    receivers = {t.dst for t in transfers if t.kind == "global" and t.instance == plan.survivor}
-    if save and writer_rank != survivor_src and writer_rank not in receivers:
-        transfers.append(Transfer("save", plan.survivor, survivor_src, writer_rank))
-    return transfers
-
-
-@dataclass(frozen=True)
-class Broadcast:
-    """A non-merging instance's φ and outer momentum, from its first worker to the workers that join it."""
-
-    instance: int
-    src: int
-    ranks: tuple[int, ...]  # the broadcast's group: `src` and the joining workers, ascending
-
-
-@dataclass(frozen=True)
-class MergeCollectives:
-    """A merge as collectives (`merge_transport="all_reduce"`); every rank runs its part in this order.
-
-    1. One all-reduce (a sum) over `members`: the workers of both merging instances, and any worker that joins the
-       survivor from a third instance. Each contributes `weights[rank]` × (φ, momentum) of its instance: w_i / n_i
-       for a worker of merging instance i (its merge weight over its number of workers), 0 for one that joins from
-       elsewhere, so the sum is w_survivor·φ_s + w_merged·φ_m on every member.
-    2. `broadcasts`, in instance id order: a non-merging instance's φ and momentum to the workers it gains. Their
-       groups are disjoint, so they run side by side.
-    3. `save_src` sends the merged φ to `writer` (the rank that writes checkpoints) when it is not a member.
-
-    Inner-optimizer state is not sent: every worker keeps its own. `groups` lists the process groups, in the order
-    every rank creates them (`new_group` is collective over the world).
-    """
-
-    members: tuple[int, ...]
-    weights: dict[int, float]
-    broadcasts: tuple[Broadcast, ...]
-    writer: int
-    save_src: int | None
-
-    @property
-    def groups(self) -> list[tuple[int, ...]]:
-        return [self.members] + [b.ranks for b in self.broadcasts]
-
-
-def plan_collectives(plan: MergePlan, *, writer_rank: int = 0, save: bool = True) -> MergeCollectives:
-    """The collectives that carry out `plan` (see [`MergeCollectives`]); pure, the same on every rank."""
-    before = {inst.id: inst for inst in plan.before}
-    survivor, merged = before[plan.survivor], before[plan.merged]
-    survivor_after = next(inst for inst in plan.after if inst.id == plan.survivor)
-    members = tuple(sorted(set(survivor.workers) | set(merged.workers) | set(survivor_after.workers)))
-    weights = {rank: 0.0 for rank in members}
-    for inst, weight in zip((survivor, merged), plan.weights):
-        for rank in inst.workers:
-            weights[rank] = weight / len(inst.workers)
-    broadcasts = []
-    for inst in sorted(plan.after, key=lambda x: x.id):
-        if inst.id == plan.survivor:
-            continue
-        joined = set(inst.workers) - set(before[inst.id].workers)
-        if joined:
-            src = before[inst.id].first_worker  # holds its instance's state, and stays (`redistribute`)
-            broadcasts.append(Broadcast(inst.id, src, tuple(sorted(joined | {src}))))
-    save_src = survivor.first_worker if save and writer_rank not in members else None
-    return MergeCollectives(members, weights, tuple(broadcasts), writer_rank, save_src)

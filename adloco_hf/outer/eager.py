@@ -61,14 +61,16 @@ class EagerOffset:
         self.previous: torch.Tensor | None = None
 
     @torch.no_grad()
-    def apply(self, delta: torch.Tensor, num_workers: int) -> None:
-        """One eager step with this worker's fresh pseudo-gradient `delta` (zeros for a round it could not use)."""
+    def apply(self, delta: torch.Tensor, num_workers: int, share: float | None = None) -> None:
+        """One eager step with this worker's fresh pseudo-gradient `delta` (zeros for a round it could not use).
+        `share`: this worker's weight in the instance's weighted average (None: 1 / M), which λ = None takes."""
         if self.offset is None:
             self.offset = torch.zeros(self.numel, dtype=torch.float32, device=self.device)
             self.buffer = torch.zeros_like(self.offset)
             self.previous = torch.zeros_like(self.offset)
         delta = delta.to(self.device, torch.float32)
-        weight = 1.0 / num_workers if self.local_weight is None else self.local_weight
+        own = 1.0 / num_workers if share is None else share
+        weight = own if self.local_weight is None else self.local_weight
         change = (delta - self.previous).mul_(weight)
         step = change
         if self.momentum > 0:

@@ -11,6 +11,16 @@ the float32 mean, identical on every worker of the group. Blocking outer steps w
   thread of its own (on a CUDA device, on a side stream, so the compute stream never waits for it).
 
 A group of one sends nothing and its mean is the input (no quantization, the residual untouched).
+
+A weighted mean Σ_r w_r Δ_r (`weight` = this worker's w_r, the weights summing to 1 over the group: workers that
+trained different numbers of samples, `worker_batch_split="speed"`) is the same sum with each worker's term scaled
+before it is sent: w_r Δ_r in place of Δ_r / M in the dtype all-reduce, and M w_r Δ_r in place of Δ_r in the
+compressed ring, whose sum / M is then Σ_r w_r Δ_r exactly as its plain mean was Σ_r Δ_r / M: the ring itself
+does not change (its error bound holds for the scaled inputs x_r = M w_r Δ_r). With error feedback a worker's
+residual is what its quantizations dropped of the scaled values, in the units of M × the mean, and it is added to
+the next round's scaled values, where it enters the mean with the same 1 / M as the values it was dropped from:
+over the rounds, the means sent plus Σ_r residual_r / M still equal Σ_rounds Σ_r w_r Δ_r, whatever the weights of
+each round. Without a weight (equal shares) nothing is scaled and the result is bit for bit the plain mean.
 """
 
 import threading
@@ -88,26 +98,34 @@ class PseudoGradReduce:
         *,
         background: bool = False,
         out: torch.Tensor | None = None,
+        weight: float | None = None,
     ) -> PendingMean:
         """Begin averaging `delta` (flat float32) over `group`. With `background`, a compressed ring runs on its own
         thread; the dtype all-reduce is asynchronous either way. `delta` is read before this returns (dtype) or by the
         ring (compressed: leave it alone until `wait`); the mean is written to `out` when given (it may be `delta`
-        for a blocking call), else to a new tensor."""
+        for a blocking call), else to a new tensor. `weight`: this worker's weight in a weighted mean (module
+        docstring); None for the plain mean."""
         if num_workers <= 1:
             return PendingMean.done(delta.detach().clone() if out is None else out.copy_(delta))
         if self.bits is None:
-            return self._all_reduce(delta, group, num_workers, out)
+            return self._all_reduce(delta, group, num_workers, out, weight)
+        if weight is not None:
+            delta = delta * (num_workers * weight)  # a new tensor: the ring may read it after this returns
         if out is not None:
             ring = self._ring(delta, group, background)
             return PendingMean(lambda: out.copy_(ring.wait()), ring._thread)
         return self._ring(delta, group, background)
 
-    def _all_reduce(self, delta: torch.Tensor, group, num_workers: int, out: torch.Tensor | None) -> PendingMean:
+    def _all_reduce(
+        self, delta: torch.Tensor, group, num_workers: int, out: torch.Tensor | None, weight: float | None
+    ) -> PendingMean:
         device = comm_device(delta.device)
         pending = []
         for start in range(0, delta.numel(), BUCKET_NUMEL):
-            # Divided before the cast, so float16 sums cannot overflow; always a new tensor, so delta is left alone.
-            buffer = (delta[start : start + BUCKET_NUMEL] / num_workers).to(device=device, dtype=self.dtype)
+            # Divided (or weighted) before the cast, so float16 sums cannot overflow; always a new tensor, so delta
+            # is left alone.
+            part = delta[start : start + BUCKET_NUMEL]
+            buffer = (part / num_workers if weight is None else part * weight).to(device=device, dtype=self.dtype)
             pending.append((start, buffer, dist.all_reduce(buffer, group=group, async_op=True)))
 
         def finish() -> torch.Tensor:

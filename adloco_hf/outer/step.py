@@ -214,17 +214,21 @@ class GlobalModel:
         self.set_momentum(momentum)
 
     @torch.no_grad()
-    def outer_step(self, *, group, num_workers: int, dtype: torch.dtype | None = None) -> OuterStepResult:
+    def outer_step(
+        self, *, group, num_workers: int, dtype: torch.dtype | None = None, weight: float | None = None
+    ) -> OuterStepResult:
         """Pseudo-gradient, instance average, outer SGD, θ ← φ. A non-finite average leaves φ unchanged.
 
         Every worker of the instance calls this in the same round; `group` is the instance's process group
         (None for a single worker, which then communicates nothing and keeps Δ in float32). `dtype` overrides the
-        reduce's `pseudo_grad_dtype` (kept for callers of the blocking bf16/fp32 step).
+        reduce's `pseudo_grad_dtype` (kept for callers of the blocking bf16/fp32 step). `weight`: this worker's
+        share of the samples its instance trained in the round, when they differ (`worker_batch_split="speed"`):
+        the average is then Σ_w weight_w Δ_w (`outer/reduce.py`); None is the plain mean.
         """
         if dtype is not None and dtype != self.reduce.dtype and self.reduce.bits is None:
             self.reduce.dtype = dtype
         if self.eager is not None:
-            return self._overlapped_step(group, num_workers)
+            return self._overlapped_step(group, num_workers, weight)
         start = time.perf_counter()
         delta = self.phi.grad
         for grad_view, view, p in zip(self.grad_views, self.views, self.params):
@@ -235,11 +239,11 @@ class GlobalModel:
         if num_workers > 1 and self.part is not None:
             a, b = self.part
             part = delta[a:b]
-            self.reduce.start(part, group, num_workers, out=part).wait()
+            self.reduce.start(part, group, num_workers, out=part, weight=weight).wait()
             self._gather_parts(delta)  # every process of the worker now holds the same whole average
             sent = b - a
         elif num_workers > 1:
-            self.reduce.start(delta, group, num_workers, out=delta).wait()
+            self.reduce.start(delta, group, num_workers, out=delta, weight=weight).wait()
         norm = float(torch.linalg.vector_norm(delta))
         norm, local_sq = self._whole_norms(norm, local_sq)
         skipped = not math.isfinite(norm)
@@ -252,7 +256,7 @@ class GlobalModel:
     def _flat_params(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1).to(self.device, torch.float32) for p in self.params])
 
-    def _overlapped_step(self, group, num_workers: int) -> OuterStepResult:
+    def _overlapped_step(self, group, num_workers: int, weight: float | None = None) -> OuterStepResult:
         """Eager update (`outer/eager.py`): wait for last round's average and apply it to φ, apply this worker's fresh Δ to
         its offset, then start this round's average in the background and return (θ ← φ + o)."""
         start = time.perf_counter()
@@ -261,8 +265,8 @@ class GlobalModel:
         local_finite = bool(torch.isfinite(local).all())
         # A non-finite Δ is still sent (the instance skips its average next round, as a blocking step would now);
         # this worker's offset takes zeros instead.
-        self.eager.apply(local if local_finite else torch.zeros_like(local), num_workers)
-        self.pending = self.reduce.start(local, group, num_workers, background=True)
+        self.eager.apply(local if local_finite else torch.zeros_like(local), num_workers, share=weight)
+        self.pending = self.reduce.start(local, group, num_workers, background=True, weight=weight)
         self.copy_to_params()
         payload = self.reduce.payload_bytes(self.numel, num_workers)
         return OuterStepResult(norm, payload, time.perf_counter() - start, skipped, local_finite)

@@ -13,6 +13,7 @@ from ..batch.controller import next_request
 from ..batch.lr_scaling import lr_factor
 from ..batch.size_tests import PooledStatistics, pool_statistics
 from ..batch.switch_mode import plan_batch
+from ..batch.worker_split import plan_worker_split, resize_split
 from ..instances.health import merge_warnings, skipped_rounds_failure
 from ..instances.table import Instance, MergePlan, merge_is_due, plan_merge
 from ..outer.step import ring_all_reduce_bytes
@@ -20,7 +21,15 @@ from .rows import RoundLine, WorkerReport
 from .rules import RoundRules
 
 
-__all__ = ["RoundDecision", "decide_round", "next_round_inner_steps", "outer_noise"]
+__all__ = [
+    "RoundDecision",
+    "decide_round",
+    "next_round_inner_steps",
+    "outer_noise",
+    "plan_shares",
+    "used_per_worker",
+    "worker_sample_seconds",
+]
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ def _line(
     steps = sum(m.loss_steps for m in members)
     # Local rank l of every worker all-reduces slice l: the ring bytes of the first worker's G processes' payloads.
     first = members[:g]
+    seconds = worker_sample_seconds(members, g)
     return RoundLine(
         outer_step=outer_step,
         global_step=global_step,
@@ -78,6 +88,8 @@ def _line(
         processes_per_worker=g,
         processes=[w * g + local for w in inst.workers for local in range(g)] if g > 1 else None,
         process_payload_bytes=[m.payload_bytes for m in first] if g > 1 else None,
+        worker_batch_sizes=list(inst.split(g * plan.batch_size)),
+        worker_sample_seconds=[s if math.isfinite(s) else None for s in seconds],
     )
 
 
@@ -150,6 +162,8 @@ def decide_round(
         warnings = merge_warnings(merge, outer_step=outer_step)
         decided = list(merge.after)
         lines[merge.survivor].merged_from = [merge.merged]
+    if rules.worker_batch_split == "speed":
+        decided = plan_shares(decided, reports, rules)
     next_inner_steps = (
         None if inner_steps is None else next_round_inner_steps(list(lines.values()), inner_steps, rules)
     )
@@ -161,6 +175,55 @@ def decide_round(
         failure=failure,
         next_inner_steps=next_inner_steps,
     )
+
+
+def used_per_worker(batch_size: int, rules: RoundRules) -> int:
+    """The samples a worker of an instance requesting `batch_size` per worker trains per inner step, as switch mode
+    runs it (capped at `max_batch_size` per process between it and `switch_threshold` × it)."""
+    g = rules.processes_per_worker
+    return g * plan_batch(batch_size // g, rules.max_batch_size, rules.switch_threshold).batch_size
+
+
+def worker_sample_seconds(members: list[WorkerReport], processes_per_worker: int) -> list[float]:
+    """Each worker's seconds per sample over the round, from its processes' reports (in worker order, G each): its
+    slowest process's inner-step seconds (DDP keeps them in step) over the samples all of them trained. NaN for a
+    worker that trained nothing (or measured no time)."""
+    g = processes_per_worker
+    out = []
+    for start in range(0, len(members), g):
+        processes = members[start : start + g]
+        seconds, samples = max(m.step_seconds for m in processes), sum(m.samples for m in processes)
+        out.append(seconds / samples if samples > 0 and seconds > 0 else math.nan)
+    return out
+
+
+def plan_shares(instances: list[Instance], reports: list[WorkerReport], rules: RoundRules) -> list[Instance]:
+    """`worker_batch_split="speed"`: every instance's split of its next total among its workers (after a merge,
+    among the workers it has now), from the seconds per sample each worker measured this round
+    (`batch/worker_split.py`), kept (resized when the request moved) unless a new one ends a round sooner by more
+    than `split_hysteresis`. An equal split is stored as no shares, so a run whose workers keep equal speeds
+    holds the same instance table, and takes the same steps, as one with `worker_batch_split="equal"`."""
+    g = rules.processes_per_worker
+    seconds = worker_sample_seconds(reports, g)  # every worker, in worker order
+    planned = []
+    for inst in instances:
+        used = used_per_worker(inst.batch_size, rules)
+        total, minimum = used * len(inst.workers), min(rules.min_share, used)
+        limit = None if rules.share_limit is None else max(rules.share_limit, used)
+        current = inst.split(used)
+        if inst.shares and sum(inst.shares) != total:  # the request moved: the split so far, at the new total
+            current = resize_split(inst.shares, total, unit=g, minimum=minimum, limit=limit) or current
+        shares = plan_worker_split(
+            total,
+            [seconds[w] for w in inst.workers],
+            current,
+            hysteresis=rules.split_hysteresis,
+            unit=g,
+            minimum=minimum,
+            limit=limit,
+        )
+        planned.append(replace(inst, shares=() if len(set(shares)) == 1 else shares))
+    return planned
 
 
 def outer_noise(local_sq_norms: list[float], mean_norm: float) -> float | None:

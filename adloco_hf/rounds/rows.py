@@ -28,6 +28,7 @@ class WorkerReport:
     skipped: bool
     preempt: bool = False  # this worker got SIGTERM/SIGINT, or agreed to stop at this round's end
     local_sq_norm: float = math.nan  # ‖Δ_w‖² of this worker's own pseudo-gradient (nan: not measured)
+    step_seconds: float = 0.0  # the round's inner steps on this process, from each step's start to its end
 
     _SCALARS = (
         "loss_sum",
@@ -41,6 +42,7 @@ class WorkerReport:
         "skipped",
         "preempt",
         "local_sq_norm",
+        "step_seconds",
     )
 
     def to_row(self) -> list[float]:
@@ -66,6 +68,7 @@ class WorkerReport:
             skipped=bool(values["skipped"]),
             preempt=bool(values["preempt"]),
             local_sq_norm=values["local_sq_norm"],
+            step_seconds=values["step_seconds"],
         )
 
 
@@ -112,6 +115,11 @@ class RoundLine:
     # pseudo-gradient, about 1/G of the payload each: a node's G links share the traffic); `comm_bytes` is their
     # ring total.
     process_payload_bytes: list[int] | None = None
+    # Each worker of `workers` (same order): the samples it trained per inner step this round (the request's, or its
+    # share with worker_batch_split="speed"), and its seconds per sample over the round's inner steps (None: not
+    # measured), the speed the next split follows.
+    worker_batch_sizes: list[int] = field(default_factory=list)
+    worker_sample_seconds: list[float | None] = field(default_factory=list)
 
     @property
     def batch_size_used(self) -> int:

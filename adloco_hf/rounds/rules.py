@@ -33,6 +33,12 @@ class RoundRules:
     max_inner_steps: int | None
     outer_noise_theta: float
     processes_per_worker: int  # G: requests are per worker and multiples of G, each process draws 1/G
+    # How an instance's total batch is split among its workers: "equal", or "speed" (`batch/worker_split.py`) with
+    # the split kept unless a new one would end a round sooner by more than split_hysteresis.
+    worker_batch_split: str
+    split_hysteresis: float
+    min_share: int  # the smallest share of a worker: G samples (2G with FSDP's two halves per process)
+    share_limit: int | None  # the largest share of a worker: its data shard (None for a stream)
 
     @classmethod
     def from_args(cls, args, *, max_batch_size: int, shard_size: int | None) -> "RoundRules":
@@ -40,6 +46,7 @@ class RoundRules:
         stream, which has no shard to exhaust: then only `batch_size_cap` caps it, or nothing). `shard_size` and
         `max_batch_size` are a process's; with G processes per worker the worker's shard is G of them."""
         g = getattr(args, "processes_per_worker", 1)
+        fsdp_statistics = g > 1 and args.worker_parallelism == "fsdp" and args.batch_size_test != "none"
         caps = [
             cap for cap in (args.batch_size_cap, None if shard_size is None else g * shard_size) if cap is not None
         ]
@@ -71,4 +78,9 @@ class RoundRules:
             max_inner_steps=args.max_inner_steps,
             outer_noise_theta=args.outer_noise_theta,
             processes_per_worker=g,
+            worker_batch_split=args.worker_batch_split,
+            split_hysteresis=args.split_hysteresis,
+            # FSDP measures the statistics on two halves of every process's batch (config/checks.py).
+            min_share=g * (2 if fsdp_statistics else 1),
+            share_limit=None if shard_size is None else g * shard_size,
         )

@@ -25,6 +25,7 @@ class RoundTally:
     samples: int = 0
     tokens: torch.Tensor | int = 0
     stats: GradientStatistics | None = None
+    seconds: float = 0.0  # the inner steps' time (`Worker.step_trained`): the worker's speed for the next split
 
     def add_step(self, loss: torch.Tensor, samples: int, tokens: torch.Tensor | int) -> None:
         """Add one inner step (tensors stay on the device: no synchronisation per step)."""
@@ -44,6 +45,7 @@ class RoundTally:
             "samples": self.samples,
             "tokens": float(self.tokens),
             "stats": None if self.stats is None else self.stats.as_list(),
+            "seconds": self.seconds,
             "collector": collector.state_dict(),
         }
 
@@ -57,4 +59,5 @@ class RoundTally:
             param.copy_(value.to(param.device, param.dtype))
         collector.load_state_dict(saved["collector"])
         stats = None if saved["stats"] is None else GradientStatistics.from_list(saved["stats"])
-        return cls(saved["loss_sum"], saved["loss_steps"], saved["samples"], saved["tokens"], stats)
+        seconds = float(saved.get("seconds", 0.0))
+        return cls(saved["loss_sum"], saved["loss_steps"], saved["samples"], saved["tokens"], stats, seconds)

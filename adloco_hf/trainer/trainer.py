@@ -1,10 +1,9 @@
 """`AdLoCoTrainer`: the HF `Trainer` with AdLoCo's inner loop. Only overrides live here, each saying why.
 
-The rounds themselves belong to this process's [`Worker`] (`worker/core.py`); `AdLoCoCallback` (`trainer/callback.py`)
-hands the Trainer's events to it: training begins, a step ends (and with it, every `inner_steps` steps, a round),
-training ends. What the overrides run lives beside this file: the inner step (`inner_step.py`), the training data
-(`loaders.py`), resuming (`resume.py`), the checkpoint save (`trainer/staged_save.py`) and the merge folders
-(`merge_folders.py`).
+The rounds belong to this process's [`Worker`] (`worker/core.py`); `AdLoCoCallback` (`callback.py`) hands it the
+Trainer's events: training begins, a step's optimizer step, a step ends (every `inner_steps` steps, a round), training
+ends. What the overrides run lives beside this file: the inner step (`inner_step.py`), the training data
+(`loaders.py`), resuming (`resume.py`), the checkpoint save (`staged_save.py`), the merge folders (`merge_folders.py`).
 """
 
 import contextlib
@@ -101,7 +100,12 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         self._train_loader: DataLoader | None = None
         # Right after DefaultFlowCallback, before reporting and user callbacks: at a round's end they then see the
         # synchronised weights and the round's totals.
-        events = AdLoCoCallback(start=self._start_rounds, step_end=self._maybe_end_round, end=self._finish_rounds)
+        events = AdLoCoCallback(
+            start=self._start_rounds,
+            optimizer_step=self.worker.step_trained,
+            step_end=self._maybe_end_round,
+            end=self._finish_rounds,
+        )
         self.callback_handler.callbacks.insert(1, events)
         use_round_console(self.callback_handler)  # a round prints one line, not its adloco/* dict (console.py)
         watch_exit()  # a worker that leaves while the others wait in a collective is seen leaving (`collective`)

@@ -96,6 +96,7 @@ class Worker(WorkerStart, InnerSteps, RoundEnd, WorkerResume):
         self.final_merged = False
         self.totals = RunTotals()
         self._tally = RoundTally()
+        self._step_started: float | None = None  # perf_counter() at the current inner step's start
         self._rules: RoundRules | None = None
         self._rules_inputs: tuple[int | None, int | None] | None = (
             None  # (max_batch_size, shard_size) it was built for

@@ -69,7 +69,7 @@ class RoundEnd:
         inst = self.instance
         started = time.perf_counter()
         group = self.outer_groups.get(self.process_groups.cross(inst.workers))
-        result = self.global_model.outer_step(group=group, num_workers=len(inst.workers))
+        result = self.global_model.outer_step(group=group, num_workers=len(inst.workers), weight=self.sample_weight())
         if result.skipped or not result.local_finite:
             self._clean_inner_optimizer()
         tally = self._tally
@@ -88,6 +88,7 @@ class RoundEnd:
             skipped=result.skipped,
             preempt=self.preemption.requested,
             local_sq_norm=result.local_sq_norm,
+            step_seconds=tally.seconds,
         )
 
     def _clean_inner_optimizer(self) -> None:

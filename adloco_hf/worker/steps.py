@@ -5,6 +5,8 @@ step's gradient statistics come from) and hands its loss, samples and tokens bac
 round's tally collects them for the round's end.
 """
 
+import time
+
 import torch
 
 from ..batch.grad_stats import adam_root_preconditioner
@@ -12,6 +14,7 @@ from ..batch.lr_scaling import ADAM_RULES, apply_adam_scaling, apply_lr_factor, 
 from ..batch.size_tests import GradientStatistics
 from ..batch.switch_mode import Statistics, StepPlan, plan_batch, plan_step
 from ..common.rng import set_rng_state
+from ..rounds.decision import used_per_worker
 
 
 __all__ = ["InnerSteps"]
@@ -21,17 +24,40 @@ class InnerSteps:
     """The inner-step calls of [`Worker`] (a part of it, which holds the state they read)."""
 
     def _apply_plan(self) -> None:
-        """The batch of this worker's next round: to the sampler, and to the learning rate if it follows the batch."""
+        """The batch of this worker's next round: to the sampler, and to the learning rate if it follows the batch.
+
+        The request runs as switch mode plans it; with `worker_batch_split="speed"` this worker draws its share of
+        the instance's total instead, whole (accumulated in micro-batches above `max_batch_size`). The learning rate
+        follows the request, the same on every worker of the instance: their pseudo-gradients then have the same
+        expected size, and weighting them by samples (`sample_weight`) weighs each by the inverse of its noise."""
         # A worker's request is split evenly over its processes (a multiple of processes_per_worker).
-        steps, initial = self.settings.steps, self.settings.initial_batch_size
-        request = self.instance.batch_size // self.processes_per_worker
-        self.plan = plan_batch(request, self.max_batch_size, steps.switch_threshold)
+        steps, initial, g = self.settings.steps, self.settings.initial_batch_size, self.processes_per_worker
+        requested = plan_batch(self.instance.batch_size // g, self.max_batch_size, steps.switch_threshold)
+        share = self._share(g * requested.batch_size)
+        self.plan = (
+            requested if share == g * requested.batch_size else plan_batch(share // g, self.max_batch_size, 1.0)
+        )
         self._sampler.batch_size = self.plan.batch_size
         if steps.lr_batch_scaling != "none":
-            factor = lr_factor(steps.lr_batch_scaling, self.plan.batch_size, initial)
+            factor = lr_factor(steps.lr_batch_scaling, requested.batch_size, initial)
             apply_lr_factor(self._optimizer, self._scheduler, self._base_lrs, factor)
         if steps.lr_batch_scaling in ADAM_RULES:
-            apply_adam_scaling(self._optimizer, self._base_adam, self.plan.batch_size, initial)
+            apply_adam_scaling(self._optimizer, self._base_adam, requested.batch_size, initial)
+
+    def _share(self, used: int) -> int:
+        """This worker's samples per inner step when its instance's request runs as `used` per worker."""
+        inst = self.instance
+        return inst.split(used)[inst.workers.index(self.worker_id)]
+
+    def sample_weight(self) -> float | None:
+        """This worker's weight in its instance's average of pseudo-gradients: the samples it trains in the round
+        over all of the instance's (its share of the total; every worker runs the round's H inner steps). None while
+        the instance's workers train equal batches: the plain mean, computed as before."""
+        inst = self.instance
+        split = inst.split(used_per_worker(inst.batch_size, self.rules))
+        if len(set(split)) == 1:
+            return None
+        return split[inst.workers.index(self.worker_id)] / sum(split)
 
     def is_round_end(self, step: int) -> bool:
         """Whether the round ends after `step` inner steps: at every multiple of the round's H (which divides
@@ -50,6 +76,7 @@ class InnerSteps:
         if self._rng_to_restore is not None:
             set_rng_state(self._rng_to_restore)  # the first step after a resume draws what the saved run would have
             self._rng_to_restore = None
+        self._step_started = time.perf_counter()
         return plan_step(
             batch,
             self.plan,
@@ -58,6 +85,14 @@ class InnerSteps:
             next_last_of_round=self.is_round_end(step + 2),
             has_previous=self.collector is not None and self.collector.has_previous,
         )
+
+    def step_trained(self) -> None:
+        """The inner step's optimizer step is done: its time since `plan_step` (forward, backward, the optimizer
+        step; not the data loading nor the callbacks of the step's end, which may wait for other workers) counts
+        towards this worker's speed in the round (`WorkerReport.step_seconds`)."""
+        if self._step_started is not None:
+            self._tally.seconds += time.perf_counter() - self._step_started
+            self._step_started = None
 
     def local_gradient_step(self, step: int) -> bool:
         """Whether the inner step about to start (0-based `step`) must keep this process's own gradient until

@@ -44,7 +44,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # fault benchmarks and the test suite's resume checks (`tests/helpers.py::COMPARED_ROUND_KEYS`) compare.
 RESUMED_ROUND_KEYS = (
     "outer_step", "instance", "workers", "batch_size", "next_batch_size", "samples", "train_loss", "grad_variance",
-    "pseudo_grad_norm", "merged_from", "num_instances",
+    "pseudo_grad_norm", "merged_from", "num_instances", "worker_batch_sizes",
 )  # fmt: skip
 
 

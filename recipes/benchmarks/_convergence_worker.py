@@ -34,6 +34,7 @@ from adloco_hf.presets import MODEL_PRESETS, build_model
 from adloco_hf.reporting.run_log import load_rounds
 from adloco_hf.sampling.sampler import AdaptiveBatchSampler
 from recipes.benchmarks._common import ring_all_reduce_bytes, socket_bytes_sent, write_json
+from recipes.benchmarks._slow_workers import join_from_environment
 
 
 # What a curve point's perplexity is (`curve_source`): the model the final merge would produce, evaluated while
@@ -358,6 +359,10 @@ def adloco_rounds(output_dir: str) -> list[dict]:
                 "outer_seconds": max((line.get("outer_seconds") or 0.0) for line in lines),
                 "merge_seconds": sum((line.get("merge_seconds") or 0.0) for line in lines),
                 "merged": any(line["merged_from"] for line in lines),
+                # Each instance's workers: the samples each trained per inner step, its seconds per sample.
+                "worker_batch_sizes": {str(line["instance"]): line.get("worker_batch_sizes") for line in lines},
+                "worker_sample_seconds": {str(line["instance"]): line.get("worker_sample_seconds") for line in lines},
+                "elapsed_seconds": lines[0].get("elapsed_seconds"),
             }
         )
     return rounds
@@ -366,6 +371,8 @@ def adloco_rounds(output_dir: str) -> list[dict]:
 def main() -> None:
     with open(sys.argv[1], encoding="utf-8") as f:
         spec = json.load(f)
+    # A method with a slow worker: the benchmark made a cgroup with a CPU quota, and this rank may be the one in it.
+    slowed = join_from_environment(int(os.environ.get("RANK", "0")))
     torch.set_num_threads(spec.get("threads_per_worker", 1))
     args = make_arguments(spec)  # initialises the process group
     world = spec["world_size"]
@@ -446,6 +453,7 @@ def main() -> None:
         "inner_steps_timed": clock.steps,
         "round_marks": None if marks is None else marks.marks,
         "time_budget_stop": None if time_stop is None else time_stop.stopped_at,
+        "slowed": slowed,
     }
     everyone: list[dict] = [None] * world
     dist.all_gather_object(everyone, mine)
@@ -534,6 +542,7 @@ def write_result(spec, args, trainer, everyone, *, tokens_per_step: int, ddp_ste
         "inner_step_seconds_per_rank": [r["inner_step_seconds"] for r in everyone],
         "inner_steps_timed_per_rank": [r["inner_steps_timed"] for r in everyone],
         "round_marks_per_rank": None if kind == "ddp" else [r["round_marks"] for r in everyone],
+        "slowed_ranks": [r["rank"] for r in everyone if r["slowed"]],  # in the CPU-quota cgroup (_slow_workers.py)
         # time.time() when the first worker started training and the last one stopped (evaluations included)
         "train_started_at": min(r["started_at"] for r in everyone),
         "train_ended_at": max(r["ended_at"] for r in everyone),

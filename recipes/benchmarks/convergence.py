@@ -20,8 +20,13 @@ training tokens reach the budget. Each method is one `accelerate launch` of the 
 | `diloco_overlap_int4` | `diloco` with both `outer_overlap=True` and `pseudo_grad_compression="int4"` |
 | `adloco_int8`, `adloco_int4`, `adloco_overlap` | `adloco` with the same single change |
 | `adloco_adam_noise` | `adloco` with `noise_preconditioner="adam"`: the norm test reads the statistics in Adam's metric |
+| `diloco_slow1`, `adloco_slow1` | `diloco` / `adloco` with one of the workers (the last rank) in a cgroup with a CPU quota of a quarter of a core (`_slow_workers.py`): equal batches wait for it every round |
+| `diloco_balanced`, `adloco_balanced` | the same slow worker with `worker_batch_split="speed"`: each worker's share of the instance's batch follows its measured speed |
 
-Without `--methods` the first nine run; the compression and overlap variants run only when named. Each variant is
+Without `--methods` the first nine run; the compression, overlap and slow-worker variants run only when named. A
+slow worker needs root and a cgroup `cpu` controller (v1 `cpu.cfs_quota_us` or v2 `cpu.max`); without them its
+methods are skipped with the reason. Each balanced method is compared with its equal-batch twin on the same slow
+worker (`wall_per_round_vs_<twin>`, paired by seed) and with the method without a slow worker (`ppl_vs_<base>`). Each variant is
 also compared with the method it changes (`variant_of`: `ppl_vs_adloco`, `bytes_vs_adloco`, ... and one report line).
 
 Measured per method: the eval perplexity curve against training tokens (every `eval_every_rounds` rounds; while
@@ -44,6 +49,9 @@ TCP sockets from `ss -tinpH` before and after training, evaluations excluded) an
     # The pseudo-gradient's compression and the overlapped all-reduce against bf16 DiLoCo:
     python -m recipes.benchmarks.convergence --quick --methods diloco diloco_int8 diloco_int4 diloco_overlap \\
         diloco_overlap_int4 --output_dir outputs/benchmarks/convergence-compression
+    # One of 4 workers at a quarter of a core (sudo: a cgroup with a CPU quota), equal batches against a split by speed:
+    sudo .venv/bin/python -m recipes.benchmarks.convergence --quick --methods diloco diloco_slow1 diloco_balanced \
+        --output_dir outputs/benchmarks/slow-workers
     # GPU: MicroLlama's architecture, 4 workers sharing one GPU over gloo (NCCL-free), fp16:
     python -m recipes.benchmarks.convergence --device cuda --preset microllama --fp16
 
@@ -53,6 +61,7 @@ Outputs in `--output_dir` (default `outputs/benchmarks/convergence`): `results.j
 """
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -61,6 +70,7 @@ import statistics
 import time
 
 from adloco_hf.testing import launch_command, run_workers
+from recipes.benchmarks import _slow_workers as slow_workers
 from recipes.benchmarks._common import (
     REPO,
     choose_targets,
@@ -89,6 +99,8 @@ PAPER_RULES = {
     "merge_batch_rule": "paper",
     "merge_transport": "point_to_point",
 }
+# The slow worker of the `*_slow1` / `*_balanced` methods: the last of the 4 workers, at a quarter of one core.
+SLOW_ONE = {"workers": [3], "cores": 0.25}
 METHODS: dict[str, dict] = {
     "ddp": {"kind": "ddp"},
     "diloco": {"kind": "adloco", "adloco": dict(DILOCO)},
@@ -199,6 +211,27 @@ METHODS: dict[str, dict] = {
     "adloco_int8": {"kind": "adloco", "adloco": {**ADLOCO, "pseudo_grad_compression": "int8"}, "variant_of": "adloco"},
     "adloco_int4": {"kind": "adloco", "adloco": {**ADLOCO, "pseudo_grad_compression": "int4"}, "variant_of": "adloco"},
     "adloco_overlap": {"kind": "adloco", "adloco": {**ADLOCO, "outer_overlap": True}, "variant_of": "adloco"},
+    # One of the workers (the last rank) at a quarter of a core, in a cgroup with a CPU quota (run only when named):
+    # equal batches (`*_slow1`) wait for it every round; `*_balanced` split each instance's batch by speed
+    # (`worker_batch_split="speed"`). `equal_batches`: the twin whose wall time per round a balanced method is
+    # compared with, at the same tokens per round; `variant_of`: the method without a slow worker, whose perplexity
+    # at equal tokens it is compared with.
+    "diloco_slow1": {"kind": "adloco", "adloco": dict(DILOCO), "slow_workers": SLOW_ONE, "variant_of": "diloco"},
+    "diloco_balanced": {
+        "kind": "adloco",
+        "adloco": {**DILOCO, "worker_batch_split": "speed"},
+        "slow_workers": SLOW_ONE,
+        "variant_of": "diloco",
+        "equal_batches": "diloco_slow1",
+    },
+    "adloco_slow1": {"kind": "adloco", "adloco": dict(ADLOCO), "slow_workers": SLOW_ONE, "variant_of": "adloco"},
+    "adloco_balanced": {
+        "kind": "adloco",
+        "adloco": {**ADLOCO, "worker_batch_split": "speed"},
+        "slow_workers": SLOW_ONE,
+        "variant_of": "adloco",
+        "equal_batches": "adloco_slow1",
+    },
 }
 # What runs without --methods: the comparison and its ablations (the 9 methods of docs/results.md's tables).
 DEFAULT_METHODS = (
@@ -264,6 +297,8 @@ CPU_BASE = {
         "merge_batch_rule": "preserve_total",
         "merge_transport": "all_reduce",
         "lr_batch_scaling": "none",
+        "worker_batch_split": "equal",
+        "split_hysteresis": 0.05,
         # Off for one instance (it has nothing to merge); the multi-instance methods (ADLOCO) turn it on.
         "eval_merged_model": False,
     },
@@ -360,6 +395,7 @@ def method_spec(
     seed = settings["seed"] if seed is None else seed
     spec.update(method=name, kind=method["kind"], seed=seed, output_dir=os.path.join(output_dir, name, f"seed-{seed}"))
     spec["adloco"] = {**settings["adloco"], **method.get("adloco", {})}
+    spec["slow_workers"] = method.get("slow_workers")
     if "matched_to" in method:
         if matched_batch_size is None:
             raise ValueError(f"{name} takes its batch from {method['matched_to']}'s run of the same seed: run both")
@@ -431,21 +467,50 @@ def prepare(settings: dict, seed: int) -> tuple[float, int]:
 
 # ---- one method ----
 def launch(spec: dict, log_path: str) -> tuple[int, float]:
-    """Run the workers of one method; returns (exit code, seconds). Kills the whole launch on timeout (exit 124)."""
+    """Run the workers of one method; returns (exit code, seconds). Kills the whole launch on timeout (exit 124).
+    A method with `slow_workers` runs inside a cgroup with a CPU quota, made for this launch and removed after it
+    (`_slow_workers.py`); its ranks join it themselves."""
     command = launch_command(
         WORKER_MODULE, os.path.join(spec["output_dir"], "spec.json"), num_processes=spec["world_size"], module=True
     )
-    result = run_workers(
-        command,
-        timeout=spec["timeout"],
-        env={"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
-        cwd=REPO,
-        pythonpath=[REPO],
-        threads=spec["threads_per_worker"],
-        log_path=log_path,
-        check=False,
-    )
+    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    with slow_group(spec) as slow_env:
+        result = run_workers(
+            command,
+            timeout=spec["timeout"],
+            env={**env, **slow_env},
+            cwd=REPO,
+            pythonpath=[REPO],
+            threads=spec["threads_per_worker"],
+            log_path=log_path,
+            check=False,
+        )
     return result.returncode, result.seconds
+
+
+@contextlib.contextmanager
+def slow_group(spec: dict):
+    """For a method with `slow_workers`: a cgroup with its CPU quota for the launch (removed however the block is
+    left), and the environment that tells the slow workers' processes to join it; nothing otherwise."""
+    slow = spec.get("slow_workers")
+    if not slow:
+        yield {}
+        return
+    g = spec.get("processes_per_worker", 1)
+    ranks = [w * g + local for w in slow["workers"] for local in range(g)]
+    with slow_workers.cpu_quota_group(slow["cores"]) as procs:
+        yield {slow_workers.ENV_PROCS: procs, slow_workers.ENV_RANKS: ",".join(map(str, ranks))}
+
+
+def runnable(names: list[str]) -> tuple[list[str], str | None]:
+    """The methods that can run here, and why the others cannot: a slow worker needs a cgroup with a CPU quota."""
+    if not any(METHODS[n].get("slow_workers") for n in names):
+        return names, None
+    try:
+        slow_workers.cpu_controller()
+    except slow_workers.CgroupUnavailable as error:
+        return [n for n in names if not METHODS[n].get("slow_workers")], str(error)
+    return names, None
 
 
 def run_method(name: str, spec: dict, reuse: bool) -> dict:
@@ -568,8 +633,17 @@ def aggregate(per_seed: dict[int, dict]) -> dict:
     first = next(iter(done.values()))
     out["batch_sizes"] = first.get("batch_sizes")
     out["rounds"] = mean_sd([r.get("rounds") for r in done.values()])[0]
+    per_round = [wall_per_round(r) for r in done.values()]
+    out["wall_per_round"], out["wall_per_round_sd"] = mean_sd(per_round)
+    out["wall_per_round_seeds"] = per_round
     out["seed_results"] = per_seed
     return out
+
+
+def wall_per_round(result: dict) -> float | None:
+    """A run's training seconds (evaluations excluded) per round; None for DDP (no rounds)."""
+    rounds = result.get("rounds")
+    return result["wall_seconds"] / rounds if rounds else None
 
 
 # ---- to-target ----
@@ -668,18 +742,38 @@ def compare(methods: dict[str, dict]) -> dict:
             m[f"bytes_vs_{ref}"] = ratio(m["comm_bytes"], other and other["comm_bytes"])
             m[f"measured_bytes_vs_{ref}"] = ratio(m["measured_bytes_sent"], other and other["measured_bytes_sent"])
             m[f"wall_vs_{ref}"] = ratio(m["wall_seconds"], other and other["wall_seconds"])
+        twin = METHODS.get(name, {}).get("equal_batches")
+        if twin in done:  # a split by speed against equal batches on the same slow worker, paired by seed
+            mine, theirs = m["seed_results"], done[twin]["seed_results"]
+            paired = [
+                ratio(wall_per_round(mine[s]), wall_per_round(theirs[s]))
+                for s in mine
+                if s in theirs and "error" not in mine[s] and "error" not in theirs[s]
+            ]
+            paired = [p for p in paired if p is not None]
+            m[f"wall_per_round_vs_{twin}_seeds"] = paired
+            m[f"wall_per_round_vs_{twin}"], m[f"wall_per_round_vs_{twin}_sd"] = mean_sd(paired)
     return {"equal_tokens": equal_tokens, "targets": check_targets(done)}
 
 
 def check_targets(done: dict[str, dict]) -> dict[str, dict]:
     """The goals AdLoCo is measured against (not assertions): each with the value, the bound and whether it holds."""
     targets = {}
+
+    def add(name, value, bound, low=None):
+        holds = None if value is None else value <= bound and (low is None or value >= low)
+        targets[name] = {"value": value, "bound": bound, "low": low, "holds": holds}
+
+    # Workers of different speeds: one of 4 at a quarter of a core, a split by speed against equal batches.
+    for name, m in done.items():
+        twin, base = METHODS.get(name, {}).get("equal_batches"), METHODS.get(name, {}).get("variant_of")
+        if twin in done:
+            add(f"{name} wall per round / {twin}", m.get(f"wall_per_round_vs_{twin}"), 0.6)
+        if twin is not None and base in done:
+            add(f"{name} ppl / {base} ppl at equal tokens (within 2 %)", m.get(f"ppl_vs_{base}"), 1.02, 0.98)
     adloco = done.get("adloco")
     if adloco is None:
         return targets
-
-    def add(name, value, bound):
-        targets[name] = {"value": value, "bound": bound, "holds": None if value is None else value <= bound}
 
     if "diloco" in done:
         add("adloco ppl / diloco ppl at equal tokens", adloco["ppl_vs_diloco"], 1.0)
@@ -825,6 +919,14 @@ def format_report(results: dict) -> str:
                 f"{name}: fixed batch {batches} per worker, tokens per round {min(matched):.3f}-{max(matched):.3f} x "
                 f"{METHODS[name]['matched_to']}'s (the batch is a whole number)"
             )
+        twin = METHODS.get(name, {}).get("equal_batches")
+        if m.get(f"wall_per_round_vs_{twin}") is not None:
+            cell = plus_minus(m[f"wall_per_round_vs_{twin}"], m.get(f"wall_per_round_vs_{twin}_sd"), digits=3)
+            lines.append(
+                f"{name} vs {twin} (equal batches, the same slow worker): wall per round {cell} "
+                f"({m['wall_per_round']:.2f} s against {results['methods'][twin]['wall_per_round']:.2f} s), "
+                f"paired by seed"
+            )
         base = METHODS.get(name, {}).get("variant_of")
         if base is not None and m.get(f"ppl_vs_{base}") is not None:
             lines.append(
@@ -835,11 +937,53 @@ def format_report(results: dict) -> str:
     for name, target in results.get("targets", {}).items():
         value = "-" if target["value"] is None else f"{target['value']:.3f}"
         verdict_text = {True: "holds", False: "MISSED", None: "n/a"}[target["holds"]]
-        lines.append(f"target {name} <= {target['bound']}: {value} ({verdict_text})")
+        low = "" if target.get("low") is None else f"{target['low']} <= "
+        lines.append(f"target {low}{name} <= {target['bound']}: {value} ({verdict_text})")
     if results.get("ppl_targets"):
         lines.append("\nTo target (means over seeds; seconds: training time on this machine, evaluations excluded):\n")
         lines.append(to_target_table(results["methods"], results["ppl_targets"]))
     return "\n".join(lines)
+
+
+# A method's figures that `summary.json` keeps (means, sds and per-seed values), with every ratio and wall per round.
+SUMMARY_KEYS = ("seeds", "tokens", "rounds", "wall_seconds", "wall_seconds_seeds", "wall_per_round",
+                "wall_per_round_sd", "wall_per_round_seeds", "ppl_at_equal_tokens", "ppl_at_equal_tokens_sd",
+                "ppl_at_equal_tokens_seeds", "final_eval_ppl", "final_eval_ppl_seeds", "comm_bytes")  # fmt: skip
+
+
+def summary(results: dict) -> dict:
+    """The compact record of a run (`summary.json`, small enough to keep beside the docs that quote it): per method
+    the figures of `SUMMARY_KEYS`, its ratios (`ppl_vs_*`, `wall_per_round_vs_*`, ...) and, per seed, the slowed
+    ranks and every round's per-worker batches and seconds per sample (instance id → one list per round); the
+    targets, the equal-token point, the seeds and the settings. Everything else stays in `results.json`."""
+    methods = {}
+    for name, m in results["methods"].items():
+        if "error" in m:
+            methods[name] = {"error": m["error"]}
+            continue
+        entry = {key: m.get(key) for key in SUMMARY_KEYS}
+        entry.update({k: v for k, v in m.items() if k.startswith(("ppl_vs_", "wall_per_round_vs_", "wall_vs_"))})
+        entry["per_seed"] = {
+            seed: {
+                "slowed_ranks": r.get("slowed_ranks", []),
+                "worker_batch_sizes": _per_round(r, "worker_batch_sizes"),
+                "worker_sample_seconds": _per_round(r, "worker_sample_seconds"),
+            }
+            for seed, r in m["seed_results"].items()
+            if "error" not in r
+        }
+        methods[name] = entry
+    keep = ("equal_tokens", "targets", "seeds", "settings", "profile", "total_seconds")
+    return {"methods": methods, **{key: results.get(key) for key in keep}}
+
+
+def _per_round(result: dict, key: str) -> dict[str, list]:
+    """instance id → [that instance's `key` in each round it trained] from a run's round log."""
+    out: dict[str, list] = {}
+    for entry in result.get("round_log") or []:
+        for instance, value in (entry.get(key) or {}).items():
+            out.setdefault(instance, []).append(value)
+    return out
 
 
 def plot(results: dict, path: str) -> str:
@@ -970,7 +1114,10 @@ def main(argv: list[str] | None = None) -> dict:
     output_dir = os.path.abspath(args.output_dir)
     os.makedirs(output_dir, exist_ok=True)
     seeds = [settings["seed"] + i for i in range(args.seeds)]
-    names = run_order(args.methods)
+    names, unavailable = runnable(run_order(args.methods))
+    if unavailable is not None:
+        skipped = [n for n in args.methods if n not in names]
+        print(f"skipping {', '.join(skipped)}: a slow worker needs a cgroup with a CPU quota ({unavailable})")
     print("preparing data and the initial perplexities ...", flush=True)
     initial_ppl = {}
     for seed in seeds:
@@ -1005,7 +1152,7 @@ def main(argv: list[str] | None = None) -> dict:
                         theirs["tokens"] / theirs["rounds"]
                     )
             per_seed[name][seed] = result
-    methods = {name: aggregate(per_seed[name]) for name in args.methods}
+    methods = {name: aggregate(per_seed[name]) for name in args.methods if name in names}
     results = {
         "methods": methods,
         "settings": settings,
@@ -1018,6 +1165,7 @@ def main(argv: list[str] | None = None) -> dict:
     results.update(compare(methods))
     results["total_seconds"] = time.perf_counter() - start
     write_json(os.path.join(output_dir, "results.json"), results)
+    write_json(os.path.join(output_dir, "summary.json"), summary(results))
     report = format_report(results)
     with open(os.path.join(output_dir, "table.md"), "w", encoding="utf-8") as f:
         f.write(report + "\n")

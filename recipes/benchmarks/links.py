@@ -40,6 +40,8 @@ are printed as diagnostics only. Every count includes Ethernet/IP/TCP headers an
     python -m recipes.benchmarks.links --quick        # 100 Mbit/s, ddp/diloco/adloco, small budget (< 10 minutes)
     python -m recipes.benchmarks.links                # 10mbit 100mbit 1gbit, same budget (~25 minutes)
     python -m recipes.benchmarks.links --bandwidth 50mbit 1gbit --methods ddp diloco --budget_tokens 204800
+    # Machine 3 at a quarter of a core (a cgroup with a CPU quota), equal batches against a split by speed:
+    python -m recipes.benchmarks.links --quick --methods diloco diloco_slow1 diloco_balanced
     # The pseudo-gradient's compression and the overlapped all-reduce at 10 Mbit/s, --quick's budget:
     python -m recipes.benchmarks.links --quick --bandwidth 10mbit \\
         --methods diloco diloco_int8 diloco_int4 diloco_overlap diloco_overlap_int4
@@ -655,17 +657,15 @@ def launch_machines(testbed: Testbed, spec: dict, spec_path: str, timeout: float
     codes: list[int | None] = [None] * plan.workers
     failed = threading.Event()
 
+    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
     def machine(k: int) -> None:
         try:
             result = run_workers(
                 machine_command(plan, k, spec_path, port, spec.get("processes_per_worker", 1)),
                 timeout=timeout,
-                env={
-                    "TOKENIZERS_PARALLELISM": "false",
-                    "HF_HUB_OFFLINE": "1",
-                    "HF_DATASETS_OFFLINE": "1",
-                    "GLOO_SOCKET_IFNAME": plan.veth(k),  # the host name resolves to 127.0.0.1 in a namespace
-                },
+                # GLOO_SOCKET_IFNAME: the host name resolves to 127.0.0.1 in a namespace.
+                env={**env, "GLOO_SOCKET_IFNAME": plan.veth(k)},
                 cwd=REPO,
                 pythonpath=[REPO],
                 threads=spec["threads_per_worker"],
@@ -681,19 +681,21 @@ def launch_machines(testbed: Testbed, spec: dict, spec_path: str, timeout: float
                 failed.set()
 
     start = time.perf_counter()
-    threads = [threading.Thread(target=machine, args=(k,), daemon=True) for k in range(plan.workers)]
-    for thread in threads:
-        thread.start()
-    failed_since = None
-    while any(thread.is_alive() for thread in threads):
+    with convergence.slow_group(spec) as slow_env:  # `*_slow1` / `*_balanced`: machine K's processes join its quota
+        env.update(slow_env)
+        threads = [threading.Thread(target=machine, args=(k,), daemon=True) for k in range(plan.workers)]
         for thread in threads:
-            thread.join(timeout=0.5)
-        if failed.is_set():
-            failed_since = failed_since or time.monotonic()
-            if time.monotonic() - failed_since > FAILURE_GRACE_SECONDS:
-                for k, thread in enumerate(threads):
-                    if thread.is_alive():
-                        kill_namespace_processes(plan.namespace(k))
+            thread.start()
+        failed_since = None
+        while any(thread.is_alive() for thread in threads):
+            for thread in threads:
+                thread.join(timeout=0.5)
+            if failed.is_set():
+                failed_since = failed_since or time.monotonic()
+                if time.monotonic() - failed_since > FAILURE_GRACE_SECONDS:
+                    for k, thread in enumerate(threads):
+                        if thread.is_alive():
+                            kill_namespace_processes(plan.namespace(k))
     return [-1 if c is None else c for c in codes], time.perf_counter() - start
 
 
@@ -917,7 +919,10 @@ def main(argv: list[str] | None = None) -> dict:
     initial_ppl, train_tokens = convergence.prepare(settings, seed)
     convergence.check_epochs(settings, train_tokens, conv.allow_repeats)
     results["initial_eval_ppl"] = initial_ppl
-    names = convergence.run_order(args.methods)
+    names, unavailable = convergence.runnable(convergence.run_order(args.methods))
+    if unavailable is not None:
+        skipped = [n for n in args.methods if n not in names]
+        print(f"skipping {', '.join(skipped)}: a slow worker needs a cgroup with a CPU quota ({unavailable})")
     testbed = Testbed(plan)
     try:
         with testbed:
@@ -947,7 +952,7 @@ def main(argv: list[str] | None = None) -> dict:
                     raw[name] = runs[name] if result is None else result
                     if matched is not None:
                         runs[name]["matched_batch_size"] = matched
-                results["bandwidths"][bandwidth] = {name: runs[name] for name in args.methods}
+                results["bandwidths"][bandwidth] = {name: runs[name] for name in args.methods if name in names}
     except NamespacesUnavailable as error:
         print(f"skipped: {error}", flush=True)
         return {"skipped": str(error)}

@@ -1,12 +1,12 @@
 import pytest
 
+from adloco_hf.instances.messages import plan_transfers
 from adloco_hf.instances.table import (
     Instance,
     choose_merge,
     initial_instances,
     merge_is_due,
     plan_merge,
-    plan_transfers,
     reassign_workers,
     redistribute,
     seat_counts,

@@ -259,6 +259,11 @@ VARIANTS = {
         {"inner_steps_rule": "outer_noise", "max_inner_steps_factor": 4, "outer_noise_theta": 0.8},
     ),
     "diloco_grow_h": ("diloco", {"inner_steps_rule": "outer_noise", "max_inner_steps_factor": 4}),
+    # One slow worker (a cgroup, outside the AdLoCo settings), with equal batches or a split by speed.
+    "diloco_slow1": ("diloco", {}),
+    "diloco_balanced": ("diloco", {"worker_batch_split": "speed"}),
+    "adloco_slow1": ("adloco", {}),
+    "adloco_balanced": ("adloco", {"worker_batch_split": "speed"}),
 }
 
 
@@ -528,6 +533,62 @@ def test_seeds_are_averaged_and_ratios_paired_by_seed():
     assert "[n=1/2]" in convergence._ratio_cell(diloco, "ddp")
     report = convergence.format_report({"methods": methods, **convergence.compare(methods)})
     assert "worse" in report and "±" in report
+
+
+def test_a_split_by_speed_is_compared_with_equal_batches_per_round_and_with_no_slow_worker():
+    names = ("diloco_slow1", "diloco_balanced", "adloco_slow1", "adloco_balanced")
+    for name in names:
+        assert convergence.METHODS[name]["slow_workers"] == {"workers": [3], "cores": 0.25}
+    assert convergence.METHODS["diloco_balanced"]["equal_batches"] == "diloco_slow1"
+    assert convergence.METHODS["adloco_balanced"]["equal_batches"] == "adloco_slow1"
+    # Seed by seed: the same tokens and rounds, the balanced rounds 0.5 and 0.6 × as long as equal batches'.
+    diloco = convergence.aggregate({1: _seed_run([[1000, 50.0]]), 2: _seed_run([[1000, 60.0]])})
+    slow = convergence.aggregate(
+        {1: _seed_run([[1000, 50.0]], wall_seconds=40.0), 2: _seed_run([[1000, 60.0]], wall_seconds=50.0)}
+    )
+    balanced = convergence.aggregate(
+        {1: _seed_run([[1000, 50.5]], wall_seconds=20.0), 2: _seed_run([[1000, 61.2]], wall_seconds=30.0)}
+    )
+    assert balanced["wall_per_round"] == pytest.approx(2.5)  # (20 + 30) / 2 s over 10 rounds
+    methods = {"diloco": diloco, "diloco_slow1": slow, "diloco_balanced": balanced}
+    summary = convergence.compare(methods)
+    assert balanced["wall_per_round_vs_diloco_slow1_seeds"] == [pytest.approx(0.5), pytest.approx(0.6)]
+    assert balanced["wall_per_round_vs_diloco_slow1"] == pytest.approx(0.55)
+    assert balanced["ppl_vs_diloco_seeds"] == [pytest.approx(1.01), pytest.approx(1.02)]
+    targets = summary["targets"]
+    assert targets["diloco_balanced wall per round / diloco_slow1"]["holds"] is True
+    within = targets["diloco_balanced ppl / diloco ppl at equal tokens (within 2 %)"]
+    assert within["holds"] is True and (within["low"], within["bound"]) == (0.98, 1.02)
+    report = convergence.format_report({"methods": methods, **summary})
+    assert "diloco_balanced vs diloco_slow1 (equal batches, the same slow worker): wall per round 0.550" in report
+    assert "target 0.98 <= diloco_balanced ppl / diloco ppl at equal tokens (within 2 %) <= 1.02" in report
+    # The compact record keeps the figures, the ratios and each seed's per-worker batches, round by round.
+    slow["seed_results"][1]["round_log"] = [
+        {"worker_batch_sizes": {"0": [4, 4, 4, 4]}, "worker_sample_seconds": {"0": [0.01, 0.01, 0.01, 0.03]}},
+        {"worker_batch_sizes": {"0": [5, 5, 5, 1]}, "worker_sample_seconds": {"0": [0.01, 0.01, 0.01, 0.04]}},
+    ]
+    kept = convergence.summary({"methods": methods, "seeds": [1, 2], "settings": {}, **summary})
+    assert kept["methods"]["diloco_balanced"]["wall_per_round_vs_diloco_slow1"] == pytest.approx(0.55)
+    assert kept["methods"]["diloco_slow1"]["per_seed"][1]["worker_batch_sizes"] == {"0": [[4, 4, 4, 4], [5, 5, 5, 1]]}
+    assert kept["targets"] == summary["targets"] and "seed_results" not in kept["methods"]["diloco"]
+    # 5 % worse is outside the 2 %.
+    balanced["seed_results"][2]["curve"][-1][1] = 66.0
+    assert (
+        convergence.compare(methods)["targets"]["diloco_balanced ppl / diloco ppl at equal tokens (within 2 %)"][
+            "holds"
+        ]
+        is False
+    )
+
+
+def test_the_slow_worker_methods_are_skipped_with_the_reason_where_no_cgroup_can_be_made(monkeypatch):
+    def unavailable(*args, **kwargs):
+        raise convergence.slow_workers.CgroupUnavailable("a cgroup with a CPU quota needs root")
+
+    monkeypatch.setattr(convergence.slow_workers, "cpu_controller", unavailable)
+    names, reason = convergence.runnable(["diloco", "diloco_slow1", "diloco_balanced"])
+    assert names == ["diloco"] and "needs root" in reason
+    assert convergence.runnable(["diloco", "adloco"]) == (["diloco", "adloco"], None)
 
 
 def test_a_seed_that_failed_is_left_out_and_named():

@@ -10,7 +10,8 @@ final `merged/` save, its weights written but the folder not yet renamed into pl
 `record_documents` (every document a streamed worker tokenises, with its pass and step, to `documents-rank{R}.jsonl`) and
 `probe_resume` (right after AdLoCo restored a checkpoint: φ, momentum and AdamW moments to `resume-rank{R}.safetensors`),
 `model` (`tiny_llama_config` overrides: a heavier step), `kills` and `progress` (SIGKILLs at chosen points of chosen
-launch attempts, and every attempt's start and steps with their wall time: `scripts/restarts.py`).
+launch attempts, and every attempt's start and steps with their wall time: `scripts/restarts.py`), `slow` ({rank or
+"all": seconds}: a delay per sample inside every inner step of those ranks, a slow worker).
 Assertions that need several ranks' tensors run here, inside the workers; the test reads the probe files.
 """
 
@@ -74,12 +75,14 @@ class InWorker(TrainerCallback):
 
 
 class BeforeSync(TrainerCallback):
-    """Runs before AdLoCoCallback: sees every worker's weights at the end of a round, before the outer step."""
+    """Runs before AdLoCoCallback: sees every worker's weights at the end of a round, before the outer step, and the
+    samples each process trained in the round (the weights of the instance's average of pseudo-gradients)."""
 
     def __init__(self, trainer, spec):
-        self.trainer, self.spec, self.pre_sync = trainer, spec, None
+        self.trainer, self.spec, self.pre_sync, self.pre_sync_samples = trainer, spec, None, None
         self.min_spread_inside = float("inf")
         self.spread_checks = 0  # how often min_spread_inside was measured (a probe that never ran passes otherwise)
+        self.round_start = 0  # the first of this round's batches in `seen_batches`
 
     def on_step_end(self, args, state, control, **kwargs):
         round_end = self.trainer.worker.is_round_end(state.global_step)  # H may grow (inner_steps_rule)
@@ -97,6 +100,9 @@ class BeforeSync(TrainerCallback):
                 self.spread_checks += 1
         if round_end:
             self.pre_sync = stacked
+            seen = getattr(self.trainer, "seen_batches", [])
+            self.pre_sync_samples = gather_flat(torch.tensor([float(sum(seen[self.round_start :]))]))[:, 0]
+            self.round_start = len(seen)
 
 
 class AfterSync(TrainerCallback):
@@ -106,6 +112,7 @@ class AfterSync(TrainerCallback):
         self.trainer, self.before, self.spec = trainer, before, spec
         self.rounds, self.max_mean_error, self.sampler_sizes, self.lr_factors = 0, 0.0, [], []
         self.mean_checks = 0  # rounds whose φ was compared with the mean of the pre-sync weights
+        self.round_samples = []  # each checked round's samples per process: the weights of that mean
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.trainer.worker.last_synced_step != state.global_step:  # not a round's end
@@ -127,17 +134,24 @@ class AfterSync(TrainerCallback):
             and len(engine.instances) == 1
             and engine.totals.merges == 0
         ):
-            mean = self.before.pre_sync.double().mean(0).float()
+            # The average weighs each worker by the samples it trained in the round (the plain mean when equal):
+            # φ = Σ_p (n_p / N) θ_p over the processes (a worker's processes hold the same replica).
+            samples = self.before.pre_sync_samples.double()
+            mean = (self.before.pre_sync.double() * (samples / samples.sum())[:, None]).sum(0).float()
             self.max_mean_error = max(self.max_mean_error, (stacked[0] - mean).abs().max().item())
             self.mean_checks += 1
+            self.round_samples.append(samples.tolist())
         request = engine.instance.batch_size // engine.processes_per_worker
-        expected = plan_batch(request, engine.max_batch_size, args.switch_threshold).batch_size
+        requested = plan_batch(request, engine.max_batch_size, args.switch_threshold).batch_size
+        # worker_batch_split="speed": this worker draws its share of the instance's total (its processes 1/G each).
+        g, inst = engine.processes_per_worker, engine.instance
+        expected = inst.split(g * requested)[inst.workers.index(engine.worker_id)] // g
         assert self.trainer.train_sampler.batch_size == expected
         self.sampler_sizes.append(expected)
-        # The next step's learning rate is the schedule's, times the factor of the batch this worker will draw (also
-        # right after a merge handed this worker another worker's optimizer state).
+        # The next step's learning rate is the schedule's, times the factor of the batch the instance requests (the
+        # same on all its workers; also right after a merge handed this worker another worker's optimizer state).
         scheduler = self.trainer.lr_scheduler
-        factor = lr_factor(args.lr_batch_scaling, expected, args.per_device_train_batch_size)
+        factor = lr_factor(args.lr_batch_scaling, requested, args.per_device_train_batch_size)
         lr = args.learning_rate * scheduler.lr_lambdas[0](scheduler.last_epoch) * factor
         assert abs(self.trainer.optimizer.param_groups[0]["lr"] - lr) <= 1e-12 + 1e-6 * lr, (state.global_step, lr)
         self.lr_factors.append(factor)
@@ -184,16 +198,24 @@ class RecordingTrainer(AdLoCoTrainer):
     nan_at: tuple[int, int] | None = None  # (rank, global step)
     nan_onwards = False  # poison every step from nan_at's on (a worker broken for good), not only that one
 
+    slow: dict[str, float] = {}  # rank (or "all") → seconds of delay per sample of every inner step
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.seen_batches = getattr(self, "seen_batches", [])
-        self.seen_batches.append(int(inputs["input_ids"].shape[0]))
+        batch = int(inputs["input_ids"].shape[0])
+        self.seen_batches.append(batch)
         step = self.state.global_step
         if self.nan_at is not None and self.nan_onwards and self.nan_at[0] == self.args.process_index:
             step = min(step, self.nan_at[1])
         if self.nan_at == (self.args.process_index, step):
             with torch.no_grad():
                 next(self.model.parameters()).fill_(float("nan"))
-        return super().training_step(model, inputs, num_items_in_batch)
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        # A slow worker, the same on every machine: a delay per sample inside the step's measured time.
+        delay = self.slow.get(str(self.args.process_index), self.slow.get("all", 0.0))
+        if delay:
+            time.sleep(delay * batch)
+        return loss
 
 
 def spy_on_merges(probe_dir: str, rank: int) -> None:
@@ -412,6 +434,8 @@ def main() -> None:
                 os._exit(1)  # killed with the weights written, before the folder is renamed into place
 
         checkpoint_module.save_model_folder = dying_folder_save  # what save_global_weights calls
+    if spec.get("slow"):
+        trainer.slow = {str(key): float(value) for key, value in spec["slow"].items()}
     if spec.get("nan"):
         trainer.nan_at = tuple(spec["nan"][:2])  # [rank, step] or [rank, step, "onwards"]
         trainer.nan_onwards = spec["nan"][2:] == ["onwards"]
@@ -500,6 +524,7 @@ def main() -> None:
         "spread_checks": before.spread_checks,
         "sampler_sizes": after.sampler_sizes,
         "lr_factors": after.lr_factors,
+        "round_samples": after.round_samples,
         "seen_batches": getattr(trainer, "seen_batches", []),  # none when a resumed run had no step left
         "eval_checks": probe.checks,
         "instances": [[i.id, list(i.workers), i.batch_size] for i in trainer.worker.instances],
