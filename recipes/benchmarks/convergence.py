@@ -20,6 +20,7 @@ training tokens reach the budget. Each method is one `accelerate launch` of the 
 | `diloco_overlap_int4` | `diloco` with both `outer_overlap=True` and `pseudo_grad_compression="int4"` |
 | `adloco_int8`, `adloco_int4`, `adloco_overlap` | `adloco` with the same single change |
 | `adloco_adam_noise` | `adloco` with `noise_preconditioner="adam"`: the norm test reads the statistics in Adam's metric |
+| `diloco_streaming`, `diloco_streaming_int4`, `adloco_streaming`, `adloco_streaming_int4` | `diloco` / `adloco` as Streaming DiLoCo (`STREAMING`: 5 fragments, each all-reduce overlapped with H // 5 inner steps, α = 0.5), with bf16 or int4 pseudo-gradients |
 
 Without `--methods` the first nine run; the compression and overlap variants run only when named. Each variant is
 also compared with the method it changes (`variant_of`: `ppl_vs_adloco`, `bytes_vs_adloco`, ... and one report line).
@@ -89,6 +90,10 @@ PAPER_RULES = {
     "merge_batch_rule": "paper",
     "merge_transport": "point_to_point",
 }
+# Streaming DiLoCo's settings for the `*_streaming` methods: P = 5 fragments (one sent every H / 5 = 5 inner steps of
+# the round of 25), each average applied τ = H // P inner steps after its send ("max": the longest overlap that keeps
+# one average in flight, resolved per run from the round's H by the worker), mixed with the local weights by α = 0.5.
+STREAMING = {"num_fragments": 5, "fragment_sync_delay": "max", "fragment_update_alpha": 0.5}
 METHODS: dict[str, dict] = {
     "ddp": {"kind": "ddp"},
     "diloco": {"kind": "adloco", "adloco": dict(DILOCO)},
@@ -199,6 +204,20 @@ METHODS: dict[str, dict] = {
     "adloco_int8": {"kind": "adloco", "adloco": {**ADLOCO, "pseudo_grad_compression": "int8"}, "variant_of": "adloco"},
     "adloco_int4": {"kind": "adloco", "adloco": {**ADLOCO, "pseudo_grad_compression": "int4"}, "variant_of": "adloco"},
     "adloco_overlap": {"kind": "adloco", "adloco": {**ADLOCO, "outer_overlap": True}, "variant_of": "adloco"},
+    # Streaming DiLoCo (`num_fragments`, issue 29; run only when named): the model in `STREAMING`'s fragments, each
+    # synced on its own step of the round with its all-reduce overlapped by the inner steps, with bf16 or int4.
+    "diloco_streaming": {"kind": "adloco", "adloco": {**DILOCO, **STREAMING}, "variant_of": "diloco"},
+    "diloco_streaming_int4": {
+        "kind": "adloco",
+        "adloco": {**DILOCO, **STREAMING, "pseudo_grad_compression": "int4"},
+        "variant_of": "diloco",
+    },
+    "adloco_streaming": {"kind": "adloco", "adloco": {**ADLOCO, **STREAMING}, "variant_of": "adloco"},
+    "adloco_streaming_int4": {
+        "kind": "adloco",
+        "adloco": {**ADLOCO, **STREAMING, "pseudo_grad_compression": "int4"},
+        "variant_of": "adloco",
+    },
 }
 # What runs without --methods: the comparison and its ablations (the 9 methods of docs/results.md's tables).
 DEFAULT_METHODS = (
@@ -256,6 +275,9 @@ CPU_BASE = {
         "compression_block_size": 256,
         "outer_overlap": False,
         "outer_overlap_local_weight": 1.0,
+        "num_fragments": None,
+        "fragment_sync_delay": 0,
+        "fragment_update_alpha": 0.0,
         "batch_size_smoothing": 0.5,
         "nonpositive_signal": "keep",
         "batch_size_shrink": False,
