@@ -305,13 +305,13 @@ class GlobalModel:
         return norm, skipped
 
     @torch.no_grad()
-    def settle(self, *, keep_local: bool = False) -> bool:
+    def settle(self) -> bool:
         """Overlapped: apply the average in flight to φ and drop this worker's offset, so that θ = φ on every worker
-        of the instance (before a merge and at the end of training). Streaming: apply the fragment average in flight,
-        and unless `keep_local` (a merge, whose workers then take the merged φ while the other instances train on)
-        put θ ← φ. Returns whether the average was skipped."""
+        of the instance (before a merge and at the end of training). Streaming: apply the fragment average in flight
+        and put θ ← φ (an elastic resume; a merge and the end of training sync every fragment first,
+        `StreamingSync.flush`). Returns whether the average was skipped."""
         if self.streaming is not None:
-            return self.streaming.settle(drop_local=not keep_local)
+            return self.streaming.settle(drop_local=True)
         if self.eager is None:
             return False
         _, skipped = self._apply_pending()

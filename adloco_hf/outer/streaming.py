@@ -21,9 +21,9 @@ A fragment's sync, on every worker of the instance alike:
 Each fragment keeps its own error-feedback residual (the same fragment goes through the ring every round). Between
 syncs every worker's θ differs from φ (the fragments train on locally), so a checkpoint saves this process's θ, the
 average in flight (waited for, unapplied, with the step it is due) and the round's running figures: a resumed run
-continues exactly. `settle` applies the average in flight at once (a merge; with `drop_local`, the end of training and
-an elastic resume, θ ← φ too); `flush` syncs, blocking, every fragment whose weights moved since it was sent, so that
-the end of training uses every token.
+continues exactly. `settle` applies the average in flight at once (with `drop_local`, an elastic resume, θ ← φ too);
+`flush` also syncs, blocking, every fragment whose weights moved since it was sent, so that a merge and the end of
+training use every token (every fragment is synced there).
 """
 
 import math
@@ -272,9 +272,8 @@ class StreamingSync:
 
     # ---- merges, the end of training, resume ----
     def settle(self, *, drop_local: bool = False) -> bool:
-        """Apply the average in flight now (a merge's, whose workers then take the merged φ); with `drop_local` also
-        θ ← φ (the end of training, an elastic resume: the workers of the instance then agree). Returns whether the
-        average was skipped."""
+        """Apply the average in flight now; with `drop_local` also θ ← φ (an elastic resume: the workers of the
+        instance then agree). Returns whether the average was skipped."""
         skipped = False
         if self.in_flight is not None:
             skipped = self.apply(self.step)
@@ -282,21 +281,24 @@ class StreamingSync:
             self.model.copy_to_params()
         return skipped
 
-    def flush(self, step: int, *, group, num_workers: int) -> int:
-        """The end of training: apply the average in flight, then sync at once (τ = 0, blocking) every fragment whose
-        local weights trained on since it was sent, and put θ ← φ. Returns this process's payload bytes sent."""
+    def flush(self, step: int, *, group, num_workers: int) -> FragmentTally:
+        """Every fragment synced: apply the average in flight, then sync at once (τ = 0, blocking) every fragment
+        whose local weights trained on since it was sent, and put θ ← φ, so that φ holds every step's work (a merge,
+        the end of training). Returns what it did as its own `FragmentTally` (this process's payload bytes, seconds,
+        whether an average was skipped); the round's tally is left as it was."""
         self.step = step
-        self.settle()
-        before = self.tally.payload_bytes
+        kept, self.tally = self.tally, FragmentTally()
         delay, self.delay = self.delay, 0
         try:
+            self.settle()
             for fragment in range(self.num_fragments):
                 if self.last_sent[fragment] < step:
                     self.send(fragment, step, group=group, num_workers=num_workers)
         finally:
             self.delay = delay
+            done, self.tally = self.tally, kept
         self.model.copy_to_params()
-        return self.tally.payload_bytes - before
+        return done
 
     def reset_error_feedback(self) -> None:
         for reduce in self.reduces:

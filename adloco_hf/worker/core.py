@@ -198,7 +198,7 @@ class Worker(WorkerStart, InnerSteps, RoundEnd, WorkerResume):
                 logger.warning(warning)
         self.replica.reshard(self._model)  # φ is written into the sharded parameters
         with self.monitor.watch("final merge", self.resume_hint):
-            flushed = self._flush_fragments()
+            flushed, _ = self._flush_fragments(self.last_synced_step)
             self.global_model.settle()  # overlapped: the last round's average, so every instance's workers agree
             several = self.processes_per_worker > 1
             sent = merging.final_merge(
@@ -214,17 +214,19 @@ class Worker(WorkerStart, InnerSteps, RoundEnd, WorkerResume):
         self.totals.comm_bytes += int(sum(r[0] for r in rows))
         self.final_merged = True
 
-    def _flush_fragments(self) -> int:
-        """Streaming DiLoCo: every fragment that trained on since it was sent is synced once more, so that the
-        final model holds every step's work (`StreamingSync.flush`). Returns its ring bytes, counted once per
-        instance (on its first worker's processes). Nothing without fragments."""
+    def _flush_fragments(self, step: int):
+        """Streaming DiLoCo: every fragment that trained on since it was sent is synced once more, so that φ holds
+        every step's work (`StreamingSync.flush`; before a merge and at the end of training). Returns its ring bytes,
+        counted once per instance (on its first worker's processes), and its `FragmentTally`; (0, None) without
+        fragments."""
         streaming = self.global_model.streaming
         if streaming is None:
-            return 0
+            return 0, None
         inst = self.instance
         group = self.outer_groups.get(self.process_groups.cross(inst.workers))
-        payload = streaming.flush(self.last_synced_step, group=group, num_workers=len(inst.workers))
-        return ring_all_reduce_bytes(payload, len(inst.workers)) if self.worker_id == inst.first_worker else 0
+        done = streaming.flush(step, group=group, num_workers=len(inst.workers))
+        first = self.worker_id == inst.first_worker
+        return (ring_all_reduce_bytes(done.payload_bytes, len(inst.workers)) if first else 0), done
 
     # ---- where the run stands ----
     def resume_hint(self) -> str:

@@ -131,10 +131,19 @@ class RoundEnd:
     def _merge(self, plan: MergePlan) -> MergeResult:
         # Overlapped outer steps: every worker applies its instance's average in flight first, so that the workers
         # of each instance hold the same φ (all ranks merge in the same round, so all of them settle here).
-        # Fragments: the average in flight is applied; the merged instances' workers then take the merged φ, the
-        # others train on from their own weights.
-        if self.global_model.settle(keep_local=True):
+        # Fragments: a merge is a point where every fragment is synced: each instance applies the average in flight
+        # and syncs at once every fragment that trained on since it was sent, so the merged φ holds every step's
+        # work; its bytes and seconds are the merge's.
+        started = time.perf_counter()
+        streaming = self.global_model.streaming
+        if streaming is not None:
+            flushed, done = self._flush_fragments(streaming.step)
+            skipped = done.skipped
+        else:
+            flushed, skipped = 0, self.global_model.settle()
+        if skipped:
             self._clean_inner_optimizer()
+        flush_seconds = time.perf_counter() - started
         workers_before = self.instance.workers
         result, changed_instance = merging.merge_at_round_end(
             plan,
@@ -152,6 +161,7 @@ class RoundEnd:
             local_rank=self.local_rank,
             global_rank=self.rank,
             gather=self.replica.merge_gather(self.full_save_state),
+            before=(flushed, flush_seconds),
         )
         if changed_instance:
             self.collector.forget()  # its kept gradient belongs to the old instance's weights

@@ -83,7 +83,8 @@ def _run(rank, group, num_workers, *, fragments, compression="none", dtype=torch
     if gm.streaming is not None:
         record["sent"], record["applied"] = list(gm.streaming.sent), list(gm.streaming.applied)
         record["in_flight_at_end"] = gm.streaming.in_flight is not None
-        record["flushed_bytes"] = gm.streaming.flush(ROUNDS * H, group=group, num_workers=num_workers)
+        done = gm.streaming.flush(ROUNDS * H, group=group, num_workers=num_workers)
+        record["flushed_bytes"], record["round_tally_kept"] = done.payload_bytes, gm.streaming.tally.payload_bytes
         record["flushed"] = list(gm.streaming.sent[len(record["sent"]) :])
         record["flushed_theta"], record["flushed_phi"] = flat(params), gm.phi.detach().clone()
     return record
@@ -245,6 +246,7 @@ def test_int4_fragments_send_each_fragment_in_blocks_with_a_residual_each(runs, 
         run = record["streamed_int4"]
         assert [t["payload_bytes"] for t in run["tallies"]] == [expected] * ROUNDS
         assert run["flushed_bytes"] == sum(wire_bytes(b - a, bits=4, block_size=BLOCK) for a, b in ranges[1:])
+        assert run["round_tally_kept"] == 0  # the flush reports its own bytes, not the round's
     exact, compressed = records[0]["streamed"], records[0]["streamed_int4"]
     gap = (compressed["phi"][-1] - exact["phi"][-1]).abs().max()
     assert 0 < gap <= 0.25 * (exact["phi"][-1] - exact["phi0"]).abs().max()  # quantized, yet it moved the same way
@@ -293,7 +295,7 @@ def test_a_worker_alone_sends_nothing_and_flushes_to_its_own_weights():
         drift(params, 0, step, scale=0.02)
         _step(gm, step, None, 1)
     theta = flat(params)
-    assert gm.streaming.flush(H + 2, group=None, num_workers=1) == 0
+    assert gm.streaming.flush(H + 2, group=None, num_workers=1).payload_bytes == 0
     # One worker, outer lr 0.7 with momentum: φ moved towards θ, and θ is φ after the flush.
     assert torch.equal(flat(params), gm.phi.detach())
     assert not torch.equal(theta, gm.phi.detach())
