@@ -69,6 +69,18 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             λ, the weight of a worker's own fresh pseudo-gradient in its overlapped outer step: 1 keeps all of the
             worker's own progress and takes the others' one round late (measured best: see
             docs/communication.md); None is 1 / M, the eager update of Kale et al. (2025).
+        num_fragments (`int`, *optional*, defaults to `None`):
+            Streaming DiLoCo (Douillard et al., 2025): the model, flat in parameter order, is cut into P contiguous
+            fragments of equal size, and fragment p is synced after inner step ⌊p·H/P⌋ of every round (fragment 0 at
+            the round's end), each with its own outer SGD state; each sync sends 1/P of the model, so the links' peak
+            falls P-fold. None (the default) syncs the whole model at the round's end; 1 is that schedule through the
+            fragments' path.
+        fragment_sync_delay (`int`, *optional*, defaults to `0`):
+            τ: inner steps between sending a fragment's pseudo-gradient and applying its average, during which the
+            all-reduce runs beside training (at most inner_steps // num_fragments).
+        fragment_update_alpha (`float`, *optional*, defaults to `0.0`):
+            α in [0, 1]: a synced fragment's weights become (1 − α) × its new global weights + α × the local weights
+            that trained on during the delay (0: the global weights).
 
         > Parameters that control the instances (multi-instance training)
 
@@ -157,7 +169,7 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             (up to `max_inner_steps`) when the workers' pseudo-gradients agreed: their variance over M ‖Δ̄‖² (the
             rounds file's `outer_noise`, averaged over instances by workers) is at most `outer_noise_theta²`. Round
             ends stay at multiples of the round's H, so `save_steps`/`eval_steps` must be multiples of
-            `max_inner_steps`. Needs blocking outer steps (not `outer_overlap`).
+            `max_inner_steps`. Needs blocking outer steps (not `outer_overlap`, nor `fragment_sync_delay` > 0).
         max_inner_steps (`int`, *optional*):
             The largest H of `inner_steps_rule="outer_noise"`: `inner_steps` × a power of 2 (e.g. 4 × inner_steps).
         outer_noise_theta (`float`, *optional*, defaults to `0.5`):
@@ -297,6 +309,9 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             "pseudo_grad_compression",
             "outer_overlap",
             "outer_overlap_local_weight",
+            "num_fragments",
+            "fragment_sync_delay",
+            "fragment_update_alpha",
             "num_instances",
             "merge_every",
             "merge_policy",

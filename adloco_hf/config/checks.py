@@ -18,6 +18,7 @@ from .fields import GROUPS
 
 __all__ = [
     "check_adloco",
+    "check_fragments",
     "check_inner_steps_rule",
     "check_processes_per_worker",
     "check_schedule",
@@ -82,6 +83,7 @@ def check_adloco(config: TrainingArguments) -> None:
     if not config.noise_scale_multiple > 0:
         raise ValueError(f"noise_scale_multiple={config.noise_scale_multiple}: set a value > 0 (e.g. 1.0).")
     check_inner_steps_rule(config)
+    check_fragments(config)
     if config.num_instances < 1:
         raise ValueError(f"num_instances={config.num_instances}: set an integer >= 1.")
     if config.merge_every < 0:
@@ -151,6 +153,55 @@ def check_inner_steps_rule(config: TrainingArguments) -> None:
         raise ValueError(
             "inner_steps_rule='outer_noise' measures the workers' pseudo-gradients against their average, which "
             "outer_overlap=True only has a round later: set outer_overlap=False or inner_steps_rule='fixed'."
+        )
+
+
+def check_fragments(config: TrainingArguments) -> None:
+    """Streaming DiLoCo's `num_fragments` (P), `fragment_sync_delay` (τ) and `fragment_update_alpha` (α)."""
+    p, delay, alpha, h = (
+        config.num_fragments,
+        config.fragment_sync_delay,
+        config.fragment_update_alpha,
+        config.inner_steps,
+    )
+    if p is None:
+        for name, value, default in (("fragment_sync_delay", delay, 0), ("fragment_update_alpha", alpha, 0.0)):
+            if value != default:
+                raise ValueError(
+                    f"{name}={value} has no effect without fragments: set num_fragments (e.g. num_fragments=4) or "
+                    f"leave {name} at {default}."
+                )
+        return
+    if isinstance(p, bool) or int(p) != p or not 1 <= p <= h:
+        raise ValueError(
+            f"num_fragments={p}: set an integer from 1 to inner_steps={h} (every fragment is synced once per round, "
+            "each after an inner step of its own), or None to sync the whole model at the round's end."
+        )
+    if isinstance(delay, bool) or int(delay) != delay or not 0 <= delay <= h // p:
+        raise ValueError(
+            f"fragment_sync_delay={delay}: set an integer from 0 to inner_steps // num_fragments = {h} // {p} = "
+            f"{h // p}, so that a fragment's average arrives before the next fragment is sent."
+        )
+    if not 0 <= alpha <= 1:
+        raise ValueError(
+            f"fragment_update_alpha={alpha}: set a value in [0, 1] (0: a synced fragment takes the global weights; "
+            "Streaming DiLoCo uses 0.5 with a delay)."
+        )
+    if config.outer_overlap:
+        raise ValueError(
+            "outer_overlap=True and num_fragments both overlap the outer step with the inner steps: set "
+            "outer_overlap=False (fragment_sync_delay overlaps each fragment's all-reduce), or num_fragments=None."
+        )
+    if config.worker_batch_split == "speed":
+        raise ValueError(
+            "worker_batch_split='speed' weights each worker's pseudo-gradient by its samples, which the fragments' "
+            "syncs do not do yet: set worker_batch_split='equal' with num_fragments, or num_fragments=None."
+        )
+    if config.inner_steps_rule == "outer_noise" and delay > 0:
+        raise ValueError(
+            "inner_steps_rule='outer_noise' compares each round's pseudo-gradients with their average, which "
+            "fragment_sync_delay > 0 applies in the next round for the last fragment: set fragment_sync_delay=0 or "
+            "inner_steps_rule='fixed'."
         )
 
 

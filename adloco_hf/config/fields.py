@@ -59,6 +59,21 @@ class RoundFields:
     outer_overlap_local_weight: float | None = field(
         default=1.0, metadata={"help": "λ of the overlapped outer step (None: 1 / M, Kale et al.'s eager update)."}
     )
+    num_fragments: int | None = field(
+        default=None,
+        metadata={
+            "help": "Streaming DiLoCo: sync the model in P fragments, fragment p after inner step p·H/P of each round "
+            "(None: the whole model at the round's end)."
+        },
+    )
+    fragment_sync_delay: int = field(
+        default=0,
+        metadata={"help": "τ: inner steps between sending a fragment's pseudo-gradient and applying its average."},
+    )
+    fragment_update_alpha: float = field(
+        default=0.0,
+        metadata={"help": "α: a synced fragment's weights = (1 − α) × its global weights + α × the local ones."},
+    )
 
 
 @dataclass

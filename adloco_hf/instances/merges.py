@@ -329,6 +329,7 @@ def merge_at_round_end(
     local_rank: int = 0,
     global_rank: int | None = None,
     gather=None,
+    before: tuple[int, float] = (0, 0.0),
 ) -> tuple[MergeResult, bool]:
     """Carry out a round's merge on this rank, bounded by the monitor's `worker_timeout`; returns what every rank
     reports of it (bytes, seconds, the merged φ on global rank 0 when merges are saved) and whether this worker
@@ -339,7 +340,8 @@ def merge_at_round_end(
     worker, `rank` is this process's worker id, `global_rank` its rank (the merged φ is returned on rank 0 only) and
     every local rank carries the merge out over its own ranks (`layout`, `local_rank`). `gather` (sharded workers,
     worker_parallelism="fsdp"): turns worker 0's shards of the merged φ into what rank 0 saves, collective over
-    worker 0's processes."""
+    worker 0's processes. `before`: the bytes this rank sent and the seconds it spent just before, as part of the
+    merge (Streaming DiLoCo's sync of every fragment), counted in the merge's."""
     if transport not in MERGE_TRANSPORTS:
         raise ValueError(f"merge_transport={transport!r}: choose one of {list(MERGE_TRANSPORTS)}")
     if transport == "all_reduce" and groups is None:  # groups of this merge only, bounded by worker_timeout
@@ -370,7 +372,9 @@ def merge_at_round_end(
                 layout=layout,
                 local_rank=local_rank,
             )
-    moved = monitor.gather_rows([outcome.sent_bytes, time.perf_counter() - started], where, hint)
+    moved = monitor.gather_rows(
+        [outcome.sent_bytes + before[0], time.perf_counter() - started + before[1]], where, hint
+    )
     phi = outcome.merged_phi if (rank if global_rank is None else global_rank) == 0 and save else None
     if gather is not None and save and rank == 0 and outcome.merged_phi is not None:
         full = gather(outcome.merged_phi)  # every process of worker 0 (the writer) holds its shard

@@ -23,11 +23,27 @@ class OuterSettings:
     compression_block_size: int
     overlap: bool  # outer_overlap: the all-reduce runs beside the next round (eager updates)
     overlap_local_weight: float | None  # λ of the overlapped step (None: 1 / M)
+    num_fragments: int | None  # Streaming DiLoCo's P (None: the whole model at the round's end)
+    fragment_sync_delay: int  # τ, inner steps between sending a fragment and applying its average
+    fragment_update_alpha: float  # α, the local weights' share when a fragment's average is applied
 
     @property
     def with_momentum(self) -> bool:
         """Whether the outer optimizer keeps a momentum (a merge then averages it too)."""
         return self.momentum > 0
+
+    @property
+    def fragments(self) -> tuple[int, int, float] | None:
+        """(P, τ, α) of Streaming DiLoCo, or None without fragments (`GlobalModel`'s `fragments`)."""
+        if self.num_fragments is None:
+            return None
+        return self.num_fragments, self.fragment_sync_delay, self.fragment_update_alpha
+
+    @property
+    def background(self) -> bool:
+        """Whether the outer all-reduce runs beside the inner steps (overlap or fragments): it then needs process
+        groups of its own (`WorkerGroups`)."""
+        return self.overlap or self.num_fragments is not None
 
     @classmethod
     def from_args(cls, args) -> "OuterSettings":
@@ -42,4 +58,7 @@ class OuterSettings:
             compression_block_size=args.compression_block_size,
             overlap=args.outer_overlap,
             overlap_local_weight=args.outer_overlap_local_weight,
+            num_fragments=args.num_fragments,
+            fragment_sync_delay=args.fragment_sync_delay,
+            fragment_update_alpha=args.fragment_update_alpha,
         )

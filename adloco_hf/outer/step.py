@@ -6,7 +6,9 @@ feedback; only when it has more than one worker), every worker applies the same 
 replica of φ_i, and sets θ_w ← φ_i. φ_i and the momentum stay in float32 on the device or on the CPU.
 
 With `outer_overlap` the average of round t is applied one round late and each worker applies its own fresh Δ at
-once (`eager.EagerOffset`): θ_w ← φ_i + o_w, and the all-reduce runs while the next round trains.
+once (`eager.EagerOffset`): θ_w ← φ_i + o_w, and the all-reduce runs while the next round trains. With
+`num_fragments` φ is synced in fragments on a staggered schedule instead (`streaming.StreamingSync`, held as
+`GlobalModel.streaming`), each overlapped with `fragment_sync_delay` inner steps.
 """
 
 import math
@@ -21,6 +23,7 @@ from ..common.layout import part_range
 from .eager import EagerOffset
 from .reduce import BUCKET_NUMEL, PendingMean, PseudoGradReduce
 from .settings import OuterSettings
+from .streaming import StreamingSync
 
 
 __all__ = ["BUCKET_NUMEL", "DTYPES", "GlobalModel", "OuterStepResult", "ring_all_reduce_bytes"]
@@ -58,6 +61,10 @@ class GlobalModel:
         reduce: how the instance averages Δ (bfloat16 all-reduce when None).
         overlap: eager updates with the all-reduce in flight during the next round (`outer_overlap`).
         overlap_local_weight: λ of the eager update (`eager.EagerOffset`; None: 1 / M).
+        fragments: Streaming DiLoCo's (num_fragments, fragment_sync_delay, fragment_update_alpha), or None: the whole
+            of φ at every round's end (`streaming.StreamingSync`).
+        positions: with fragments, where `params` lie in the whole model when they are shards of it (the position of
+            each one's first element, and the whole model's size); None: they are the whole model.
     """
 
     def __init__(
@@ -71,6 +78,8 @@ class GlobalModel:
         reduce: PseudoGradReduce | None = None,
         overlap: bool = False,
         overlap_local_weight: float | None = 1.0,
+        fragments: tuple[int, int, float] | None = None,
+        positions: tuple[list[int], int] | None = None,
     ):
         self.params = params
         self.numel = sum(p.numel() for p in params)
@@ -100,17 +109,30 @@ class GlobalModel:
         self.part: tuple[int, int] | None = None
         self._intra_group = None
         self._parts = 1
+        self._local_rank = 0
         # worker_parallelism="fsdp" (`shard_over`): `params` are this process's shards; the norms are summed over
         # the worker's processes so that all of them report the whole model's and skip a round alike.
         self._norm_group = None
         self.copy_from_params()
+        self.streaming: StreamingSync | None = None
+        if fragments is not None:
+            num_fragments, delay, alpha = fragments
+            self.streaming = StreamingSync(
+                self, num_fragments=num_fragments, delay=delay, alpha=alpha, positions=positions
+            )
 
     @classmethod
     def from_settings(
-        cls, params: list[torch.Tensor], settings: OuterSettings, *, device: torch.device
+        cls,
+        params: list[torch.Tensor],
+        settings: OuterSettings,
+        *,
+        device: torch.device,
+        positions: tuple[list[int], int] | None = None,
     ) -> "GlobalModel":
         """With the run's outer settings: its outer optimizer, on `state_device` ("device": `device`, the worker's;
-        or "cpu"), its `compression` (or `pseudo_grad_dtype`) and `overlap`."""
+        or "cpu"), its `compression` (or `pseudo_grad_dtype`), `overlap` and fragments (`positions`: see the
+        class)."""
         state_device = torch.device("cpu") if settings.state_device == "cpu" else device
         reduce = PseudoGradReduce(
             settings.compression, dtype=DTYPES[settings.pseudo_grad_dtype], block_size=settings.compression_block_size
@@ -124,6 +146,8 @@ class GlobalModel:
             reduce=reduce,
             overlap=settings.overlap,
             overlap_local_weight=settings.overlap_local_weight,
+            fragments=settings.fragments,
+            positions=positions,
         )
 
     def split_over(self, intra_group, processes_per_worker: int, local_rank: int) -> None:
@@ -131,7 +155,7 @@ class GlobalModel:
         slices over the worker's `intra_group`, so each of the worker's G links carries 1/G of the payload."""
         if processes_per_worker <= 1:
             return
-        self._intra_group, self._parts = intra_group, processes_per_worker
+        self._intra_group, self._parts, self._local_rank = intra_group, processes_per_worker, local_rank
         self.part = part_range(self.numel, processes_per_worker, local_rank)
 
     def shard_over(self, intra_group) -> None:
@@ -287,7 +311,11 @@ class GlobalModel:
     @torch.no_grad()
     def settle(self) -> bool:
         """Overlapped: apply the average in flight to φ and drop this worker's offset, so that θ = φ on every worker
-        of the instance (before a merge and at the end of training). Returns whether the average was skipped."""
+        of the instance (before a merge and at the end of training). Streaming: apply the fragment average in flight
+        and put θ ← φ (an elastic resume; a merge and the end of training sync every fragment first,
+        `StreamingSync.flush`). Returns whether the average was skipped."""
+        if self.streaming is not None:
+            return self.streaming.settle(drop_local=True)
         if self.eager is None:
             return False
         _, skipped = self._apply_pending()
@@ -305,6 +333,7 @@ class GlobalModel:
             "error_feedback": self.reduce.state_dict(),
             "eager": None if self.eager is None else self.eager.state_dict(),
             "pending": pending,
+            "fragments": None if self.streaming is None else self.streaming.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -320,3 +349,19 @@ class GlobalModel:
             self.eager.load_state_dict(state.get("eager"))
         elif self.pending is not None:  # saved overlapped, resumed blocking: apply the average, drop the offset
             self._apply_pending()
+        if self.streaming is not None:
+            self.streaming.load_state_dict(state.get("fragments"))
+
+    def restore_params(self) -> None:
+        """θ as a checkpoint left it (after `load_state_dict`): φ (+ the eager offset), or with fragments this
+        process's own weights, which differ from φ between syncs."""
+        if self.streaming is not None:
+            self.streaming.restore_params()
+        else:
+            self.copy_to_params()
+
+    def reset_error_feedback(self) -> None:
+        """Forget every compression residual (this worker's ring changed: a merge, an elastic resume)."""
+        self.reduce.reset_error_feedback()
+        if self.streaming is not None:
+            self.streaming.reset_error_feedback()

@@ -136,9 +136,9 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
 
     def _maybe_end_round(self) -> None:
         step = self.state.global_step
-        # The sampler never runs out, so the Trainer's epoch is max_steps steps long; it counts from the resumed
-        # step's position, not from 0, so a resumed run logs the epochs an uninterrupted one does.
+        # The sampler never runs out: an epoch is max_steps steps, from the resumed step (as an uninterrupted run logs).
         self.state.epoch = step / self.state.max_steps
+        self.worker.sync_fragments(step)  # Streaming DiLoCo: the fragment due after this step (none otherwise)
         round_end = self.worker.is_round_end(step) and step != self.worker.last_synced_step
         stop = self.worker.preemption.after_step(step, steps_to_round_end=self.worker.steps_to_round_end(step))
         if round_end:

@@ -31,7 +31,7 @@ from ..config.arguments import AdLoCoConfig
 from ..instances import merges as merging
 from ..instances.health import final_merge_warnings
 from ..instances.table import Instance, instance_of
-from ..outer.step import GlobalModel
+from ..outer.step import GlobalModel, ring_all_reduce_bytes
 from ..reporting.run_log import RunLog
 from ..rounds.messages import run_summary
 from ..rounds.rules import RoundRules
@@ -75,7 +75,7 @@ class Worker(WorkerStart, InnerSteps, RoundEnd, WorkerResume):
         self.processes_per_worker = settings.processes_per_worker
         self.layout = WorkerLayout(self.world_size, self.processes_per_worker)
         self.process_groups = WorkerGroups(
-            self.layout, get_rank(), timeout=settings.worker_timeout, outer_overlap=settings.outer.overlap
+            self.layout, get_rank(), timeout=settings.worker_timeout, outer_overlap=settings.outer.background
         )
         self.rank = self.process_groups.rank
         self.worker_id = self.process_groups.worker_id  # == rank with one process per worker
@@ -199,6 +199,7 @@ class Worker(WorkerStart, InnerSteps, RoundEnd, WorkerResume):
                 logger.warning(warning)
         self.replica.reshard(self._model)  # φ is written into the sharded parameters
         with self.monitor.watch("final merge", self.resume_hint):
+            flushed, _ = self._flush_fragments(self.last_synced_step)
             self.global_model.settle()  # overlapped: the last round's average, so every instance's workers agree
             several = self.processes_per_worker > 1
             sent = merging.final_merge(
@@ -210,9 +211,23 @@ class Worker(WorkerStart, InnerSteps, RoundEnd, WorkerResume):
                 local_rank=self.local_rank,
                 broadcast_group=self.all_workers_group if several else None,
             )
-        rows = self.monitor.gather_rows([sent], "final merge", self.resume_hint)
+        rows = self.monitor.gather_rows([sent + flushed], "final merge", self.resume_hint)
         self.totals.comm_bytes += int(sum(r[0] for r in rows))
         self.final_merged = True
+
+    def _flush_fragments(self, step: int):
+        """Streaming DiLoCo: every fragment that trained on since it was sent is synced once more, so that φ holds
+        every step's work (`StreamingSync.flush`; before a merge and at the end of training). Returns its ring bytes,
+        counted once per instance (on its first worker's processes), and its `FragmentTally`; (0, None) without
+        fragments."""
+        streaming = self.global_model.streaming
+        if streaming is None:
+            return 0, None
+        inst = self.instance
+        group = self.outer_groups.get(self.process_groups.cross(inst.workers))
+        done = streaming.flush(step, group=group, num_workers=len(inst.workers))
+        first = self.worker_id == inst.first_worker
+        return (ring_all_reduce_bytes(done.payload_bytes, len(inst.workers)) if first else 0), done
 
     # ---- where the run stands ----
     def resume_hint(self) -> str:

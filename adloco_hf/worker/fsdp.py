@@ -236,6 +236,21 @@ class FSDPReplica(ReplicaParallel):
         reshard(model)
         return local_shards([p for p in model.parameters() if p.requires_grad])
 
+    def positions(self, model: torch.nn.Module) -> tuple[list[int], int]:
+        """Each shard's first element in the whole flat model: the shard holds rows [r, r + n) of its parameter (the
+        cut of `torch.chunk`, `_shard_of`), contiguous in the row-major flat order."""
+        DTensor = _dtensor()
+        starts, offset = [], 0
+        for p in (q for q in model.parameters() if q.requires_grad):
+            if isinstance(p, DTensor) and p.dim() > 0 and p.shape[0] > 0:
+                rows = [len(chunk) for chunk in torch.chunk(torch.arange(p.shape[0]), p.device_mesh.size())]
+                before = sum(rows[: p.device_mesh.get_local_rank()])
+                starts.append(offset + before * (p.numel() // p.shape[0]))
+            else:
+                starts.append(offset)
+            offset += p.numel()
+        return starts, offset
+
     @property
     def statistics_group(self):
         return self.groups.intra  # two halves from the synced shards (grad_stats.py)

@@ -62,6 +62,11 @@ class ReplicaParallel:
         """What AdLoCo's φ mirrors on this process (aliases of the parameters' storage)."""
         raise NotImplementedError
 
+    def positions(self, model: torch.nn.Module) -> tuple[list[int], int] | None:
+        """Where the tensors of `part` lie in the whole flat model (each one's first element, and the model's size),
+        for the fragments of Streaming DiLoCo; None when `part` is the whole model."""
+        return None
+
     # ---- inner steps ----
     statistics_group = None
     """The group a step's gradient statistics are summed over (each process measured a shard), or None."""

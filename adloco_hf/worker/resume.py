@@ -75,7 +75,7 @@ class WorkerResume:
         self.totals = RunTotals(**state["totals"])
         self._train_start = time.time()
         self.global_model.load_state_dict(state["global_model"])
-        self.global_model.copy_to_params()
+        self.global_model.restore_params()
         self.replica.load_optimizer_state(self._optimizer, state["inner_optimizer"])
         self._sampler.load_state_dict(state["sampler"])
         if self._scaler is not None and state["scaler"] is not None:
@@ -92,7 +92,7 @@ class WorkerResume:
         average in flight applied, the offset dropped), the compression residual of the old ring is dropped, and a
         new rank gets random generators of its own (seeded by seed, rank and step), not the shared initial ones."""
         self.global_model.settle()
-        self.global_model.reduce.reset_error_feedback()
+        self.global_model.reset_error_feedback()
         if self._rng_to_restore is None:
             set_seed(hash((self.settings.seed, self.rank, self.last_synced_step)) % 2**32)
             self._rng_to_restore = get_rng_state()

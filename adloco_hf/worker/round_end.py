@@ -7,6 +7,7 @@
 4. Rank 0 writes the round's lines to `adloco_rounds.jsonl` and the console.
 """
 
+import math
 import time
 
 import torch
@@ -17,6 +18,7 @@ from ..instances import merges as merging
 from ..instances.health import SkippedRoundsError
 from ..instances.merges import MergeResult
 from ..instances.table import MergePlan, instance_of
+from ..outer.step import OuterStepResult
 from ..rounds.decision import RoundDecision, decide_round
 from ..rounds.messages import round_message
 from ..rounds.rows import RoundLine, WorkerReport
@@ -38,7 +40,7 @@ class RoundEnd:
         self.monitor.check(where, self.resume_hint)
         self.replica.reshard(self._model)  # φ is written into the sharded parameters
         self.outer_step += 1
-        report = self._outer_step()
+        report = self._outer_step(global_step)
         rows = self.monitor.gather_rows(report.to_row(), f"{where}, reports", self.resume_hint)
         reports = [WorkerReport.from_row(row) for row in rows]
         decision = decide_round(
@@ -64,12 +66,17 @@ class RoundEnd:
             raise SkippedRoundsError(f"{decision.failure} {self.resume_hint()}")
         return RoundResult(lines=lines, merge=merge, preempted=any(r.preempt for r in reports))
 
-    def _outer_step(self) -> WorkerReport:
+    def _outer_step(self, global_step: int) -> WorkerReport:
         """The outer step inside this worker's instance, and the round as this process reports it."""
         inst = self.instance
         started = time.perf_counter()
         group = self.outer_groups.get(self.process_groups.cross(inst.workers))
-        result = self.global_model.outer_step(group=group, num_workers=len(inst.workers), weight=self.sample_weight())
+        if self.global_model.streaming is not None:
+            result = self._fragments_round_end(global_step, group, len(inst.workers))
+        else:
+            result = self.global_model.outer_step(
+                group=group, num_workers=len(inst.workers), weight=self.sample_weight()
+            )
         if result.skipped or not result.local_finite:
             self._clean_inner_optimizer()
         tally = self._tally
@@ -89,6 +96,21 @@ class RoundEnd:
             preempt=self.preemption.requested,
             local_sq_norm=result.local_sq_norm,
             step_seconds=tally.seconds,
+        )
+
+    def _fragments_round_end(self, global_step: int, group, num_workers: int) -> OuterStepResult:
+        """Streaming DiLoCo: fragment 0 is sent (and applied when τ = 0), and the round's fragment syncs are reported
+        as one outer step: the norm of the averages applied in it, the bytes sent, the seconds the training thread
+        spent in sends and applies; Σ ‖Δ_w‖² (for the outer noise) only when τ = 0, where the averages applied in a
+        round are those of the fragments it sent."""
+        streaming = self.global_model.streaming
+        tally, _ = streaming.end_round(global_step, group=group, num_workers=num_workers)
+        return OuterStepResult(
+            pseudo_grad_norm=math.hypot(*tally.norms) if tally.norms else 0.0,
+            payload_bytes=tally.payload_bytes,
+            seconds=tally.seconds,
+            skipped=tally.skipped,
+            local_sq_norm=tally.local_sq_norm if streaming.delay == 0 else math.nan,
         )
 
     def _clean_inner_optimizer(self) -> None:
@@ -112,7 +134,19 @@ class RoundEnd:
     def _merge(self, plan: MergePlan) -> MergeResult:
         # Overlapped outer steps: every worker applies its instance's average in flight first, so that the workers
         # of each instance hold the same φ (all ranks merge in the same round, so all of them settle here).
-        self.global_model.settle()
+        # Fragments: a merge is a point where every fragment is synced: each instance applies the average in flight
+        # and syncs at once every fragment that trained on since it was sent, so the merged φ holds every step's
+        # work; its bytes and seconds are the merge's.
+        started = time.perf_counter()
+        streaming = self.global_model.streaming
+        if streaming is not None:
+            flushed, done = self._flush_fragments(streaming.step)
+            skipped = done.skipped
+        else:
+            flushed, skipped = 0, self.global_model.settle()
+        if skipped:
+            self._clean_inner_optimizer()
+        flush_seconds = time.perf_counter() - started
         workers_before = self.instance.workers
         result, changed_instance = merging.merge_at_round_end(
             plan,
@@ -130,11 +164,12 @@ class RoundEnd:
             local_rank=self.local_rank,
             global_rank=self.rank,
             gather=self.replica.merge_gather(self.full_save_state),
+            before=(flushed, flush_seconds),
         )
         if changed_instance:
             self.collector.forget()  # its kept gradient belongs to the old instance's weights
         if instance_of(plan.after, self.worker_id).workers != workers_before or changed_instance:
-            self.global_model.reduce.reset_error_feedback()  # the residual belonged to the old ring
+            self.global_model.reset_error_feedback()  # the residual belonged to the old ring
         self.totals.merges += 1
         return result
 

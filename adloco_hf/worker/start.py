@@ -67,7 +67,9 @@ class WorkerStart:
         else:
             self.instances = [Instance.from_row(row) for row in resume["instances"]]
             self.process_groups.refresh(self.instances)
-        self.global_model = GlobalModel.from_settings(self._part(), settings.outer, device=settings.device)
+        self.global_model = GlobalModel.from_settings(
+            self._part(), settings.outer, device=settings.device, positions=self.replica.positions(model)
+        )
         self.replica.attach(self.global_model)
         if resume is None:
             self.replica.check_settings()

@@ -71,6 +71,25 @@ class InnerSteps:
         next_end = min(-(-step // self.inner_steps) * self.inner_steps, self.max_steps)
         return next_end - step
 
+    def sync_fragments(self, step: int) -> None:
+        """Streaming DiLoCo (`num_fragments`), after every inner step on every rank: the fragment average due now is
+        applied and the fragment due is sent (`outer/streaming.py`; fragment 0 is the round end's). A skipped average
+        (non-finite) leaves clean inner-optimizer moments, as a skipped round does. Nothing without fragments."""
+        streaming = self.global_model.streaming
+        if streaming is None:
+            return
+        self.replica.reshard(self._model)  # FSDP: the fragments are read from and written into the shards
+        inst = self.instance
+        skipped = streaming.after_step(
+            step,
+            offset=step - self.last_synced_step,
+            inner_steps=self.inner_steps,
+            group=self.outer_groups.get(self.process_groups.cross(inst.workers)),
+            num_workers=len(inst.workers),
+        )
+        if skipped:
+            self._clean_inner_optimizer()
+
     def plan_step(self, step: int, batch: int) -> StepPlan:
         """How to run the inner step about to start (0-based `step`) on a batch of `batch` samples."""
         if self._rng_to_restore is not None:

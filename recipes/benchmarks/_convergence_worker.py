@@ -286,6 +286,8 @@ def make_arguments(spec: dict) -> TrainingArguments:
         )
     adloco = dict(spec["adloco"])
     factor = adloco.pop("max_inner_steps_factor", None)  # a growing H: its cap follows inner_steps
+    if adloco.get("fragment_sync_delay") == "max":  # Streaming DiLoCo's longest delay for this H
+        adloco["fragment_sync_delay"] = train["inner_steps"] // adloco["num_fragments"]
     if factor is not None:
         adloco["max_inner_steps"] = factor * train["inner_steps"]
         eval_steps = math.lcm(eval_steps, adloco["max_inner_steps"])  # evaluations at round ends only

@@ -22,6 +22,7 @@ training tokens reach the budget. Each method is one `accelerate launch` of the 
 | `adloco_adam_noise` | `adloco` with `noise_preconditioner="adam"`: the norm test reads the statistics in Adam's metric |
 | `diloco_slow1`, `adloco_slow1` | `diloco` / `adloco` with one of the workers (the last rank) in a cgroup with a CPU quota of a quarter of a core (`_slow_workers.py`): equal batches wait for it every round |
 | `diloco_balanced`, `adloco_balanced` | the same slow worker with `worker_batch_split="speed"`: each worker's share of the instance's batch follows its measured speed |
+| `diloco_streaming`, `diloco_streaming_int4`, `adloco_streaming`, `adloco_streaming_int4` | `diloco` / `adloco` as Streaming DiLoCo (`STREAMING`: 5 fragments, each all-reduce overlapped with H // 5 inner steps, α = 0.5), with bf16 or int4 pseudo-gradients |
 
 Without `--methods` the first nine run; the compression, overlap and slow-worker variants run only when named. A
 slow worker needs root and a cgroup `cpu` controller (v1 `cpu.cfs_quota_us` or v2 `cpu.max`); without them its
@@ -101,6 +102,10 @@ PAPER_RULES = {
 }
 # The slow worker of the `*_slow1` / `*_balanced` methods: the last of the 4 workers, at a quarter of one core.
 SLOW_ONE = {"workers": [3], "cores": 0.25}
+# Streaming DiLoCo's settings for the `*_streaming` methods: P = 5 fragments (one sent every H / 5 = 5 inner steps of
+# the round of 25), each average applied τ = H // P inner steps after its send ("max": the longest overlap that keeps
+# one average in flight, resolved per run from the round's H by the worker), mixed with the local weights by α = 0.5.
+STREAMING = {"num_fragments": 5, "fragment_sync_delay": "max", "fragment_update_alpha": 0.5}
 METHODS: dict[str, dict] = {
     "ddp": {"kind": "ddp"},
     "diloco": {"kind": "adloco", "adloco": dict(DILOCO)},
@@ -232,6 +237,20 @@ METHODS: dict[str, dict] = {
         "variant_of": "adloco",
         "equal_batches": "adloco_slow1",
     },
+    # Streaming DiLoCo (`num_fragments`, issue 29; run only when named): the model in `STREAMING`'s fragments, each
+    # synced on its own step of the round with its all-reduce overlapped by the inner steps, with bf16 or int4.
+    "diloco_streaming": {"kind": "adloco", "adloco": {**DILOCO, **STREAMING}, "variant_of": "diloco"},
+    "diloco_streaming_int4": {
+        "kind": "adloco",
+        "adloco": {**DILOCO, **STREAMING, "pseudo_grad_compression": "int4"},
+        "variant_of": "diloco",
+    },
+    "adloco_streaming": {"kind": "adloco", "adloco": {**ADLOCO, **STREAMING}, "variant_of": "adloco"},
+    "adloco_streaming_int4": {
+        "kind": "adloco",
+        "adloco": {**ADLOCO, **STREAMING, "pseudo_grad_compression": "int4"},
+        "variant_of": "adloco",
+    },
 }
 # What runs without --methods: the comparison and its ablations (the 9 methods of docs/results.md's tables).
 DEFAULT_METHODS = (
@@ -289,6 +308,9 @@ CPU_BASE = {
         "compression_block_size": 256,
         "outer_overlap": False,
         "outer_overlap_local_weight": 1.0,
+        "num_fragments": None,
+        "fragment_sync_delay": 0,
+        "fragment_update_alpha": 0.0,
         "batch_size_smoothing": 0.5,
         "nonpositive_signal": "keep",
         "batch_size_shrink": False,

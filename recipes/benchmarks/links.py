@@ -117,6 +117,7 @@ __all__ = [
     "machine_command",
     "main",
     "parse_rate",
+    "peak_rates",
     "per_round",
     "run_record",
     "setup_commands",
@@ -181,6 +182,21 @@ def window_bytes(timeline: Sequence[Sequence], start: float, end: float) -> list
 
     (tx0, rx0), (tx1, rx1) = at(start), at(end)
     return [{"tx": int(round(b - a)), "rx": int(round(d - c))} for a, b, c, d in zip(tx0, tx1, rx0, rx1)]
+
+
+def peak_rates(timeline: Sequence[Sequence], start: float, end: float) -> list[float] | None:
+    """Per worker, the highest rate its link sent at (bytes per second) over one interval of the counters' timeline
+    (`SAMPLE_SECONDS` apart) that lies inside the window [`start`, `end`]; None without such an interval. A link
+    saturated by one all-reduce shows its own rate; Streaming DiLoCo's fragments, 1/P of the model each, show a peak
+    up to P times lower where the link is not the bottleneck."""
+    inside = [sample for sample in timeline if start <= sample[0] <= end]
+    if len(inside) < 2:
+        return None
+    peaks = [0.0] * len(inside[0][1])
+    for (t0, tx0, _), (t1, tx1, _) in zip(inside, inside[1:]):
+        if t1 > t0:
+            peaks = [max(peak, (b - a) / (t1 - t0)) for peak, a, b in zip(peaks, tx0, tx1)]
+    return peaks
 
 
 def steady_rounds(marks_per_rank: Sequence[Sequence[Sequence[float]] | None] | None) -> dict | None:
@@ -281,6 +297,7 @@ def run_record(
     exit_codes: list[int],
     launch_seconds: float,
     processes_per_worker: int = 1,
+    peaks: list[float] | None = None,
 ) -> dict:
     """One run's entry of results.json, from the worker's result.json and the link counters. With
     `processes_per_worker` = G each machine runs one worker of G processes, and only what crosses between machines
@@ -332,6 +349,9 @@ def run_record(
         "link_bytes_per_worker": per_worker,
         "link_bytes_training": link_training,
         "link_bytes_training_per_worker": training,
+        # The highest rate any link sent at over one 0.25 s sample of the training window ([`peak_rates`]).
+        "peak_link_bits_per_second": None if not peaks else 8 * max(peaks),
+        "peak_link_bits_per_second_per_worker": None if peaks is None else [8 * p for p in peaks],
         # The check's ratio ([`check_links`]): training-window link bytes / (comm_bytes + the start broadcast).
         "broadcast_bytes_model": broadcast,  # the start broadcast + the merged-model evaluations' all-reduces
         "merged_evaluations": evaluations,
@@ -407,6 +427,12 @@ def add_reference_figures(bandwidths: dict[str, dict[str, dict]]) -> None:
             )
             run["wall_seconds_vs_base"] = ratio(run.get("wall_seconds"), base.get("wall_seconds"))
             run["final_ppl_vs_base"] = ratio(run.get("final_eval_ppl"), base.get("final_eval_ppl"))
+            run["blocked_seconds_vs_base"] = ratio(
+                run.get("blocked_seconds_per_round"), base.get("blocked_seconds_per_round")
+            )
+            run["peak_link_rate_vs_base"] = ratio(
+                run.get("peak_link_bits_per_second"), base.get("peak_link_bits_per_second")
+            )
 
 
 PRIMARY = "link_training_vs_model_with_broadcast"
@@ -471,6 +497,9 @@ PER_ROUND_COLUMNS = [
     "steady s/round",
     "compute s/round",
     "blocked s/round",
+    "blocked vs base",
+    "peak Mbit/s",
+    "peak vs base",
     "steady/compute",
     "s to diloco ppl",
     "ppl vs base",
@@ -500,6 +529,11 @@ def per_round_rows(bandwidths: dict[str, dict[str, dict]]) -> list[dict]:
                     "steady s/round": run.get("steady_wall_seconds_per_round"),
                     "compute s/round": run.get("compute_seconds_per_round"),
                     "blocked s/round": run.get("blocked_seconds_per_round"),
+                    "blocked vs base": run.get("blocked_seconds_vs_base"),
+                    "peak Mbit/s": None
+                    if run.get("peak_link_bits_per_second") is None
+                    else run["peak_link_bits_per_second"] / 1e6,
+                    "peak vs base": run.get("peak_link_rate_vs_base"),
                     "steady/compute": run.get("steady_vs_compute"),
                     "s to diloco ppl": None if hit is None else hit.get("seconds"),
                     "ppl vs base": None
@@ -585,7 +619,10 @@ def format_report(results: dict) -> str:
         "rounds' inner-step seconds (forward, backward, optimizer: from on_step_begin to on_step_end; the round's "
         "end, data loading and evaluations excluded), the slowest worker; not for DDP, whose all-reduce runs inside "
         "backward. blocked s/round: the library's comm_seconds, the outer step as the workers waited for it (with "
-        "outer_overlap the wait for the background all-reduce), mean over the same rounds. steady/compute: 1 when "
+        "outer_overlap the wait for the background all-reduce; with fragments every send and apply of the round), "
+        "mean over the same rounds; blocked vs base: against the method this one varies. peak Mbit/s: the highest "
+        "rate any link sent at over one 0.25 s sample of the training window (a link saturated by an all-reduce "
+        "shows its own rate); peak vs base: against the base method's. steady/compute: 1 when "
         "communication costs no time. s to diloco ppl: training seconds until the eval perplexity first reaches "
         "diloco's final perplexity at the same bandwidth (- never). ppl vs base: final perplexity / the base "
         "method's.",
@@ -776,10 +813,11 @@ def run_one(
 def record(
     result: dict, links: dict, method: str, bandwidth: str, folder: str, initial_ppl, processes_per_worker: int = 1
 ) -> dict:
-    training = None
+    training = peaks = None
     start, end = result.get("train_started_at"), result.get("train_ended_at")
     if start is not None and end is not None:
         training = window_bytes(links["timeline"], start, end)
+        peaks = peak_rates(links["timeline"], start, end)
     setting = links["setting"]
     return run_record(
         result,
@@ -796,6 +834,7 @@ def record(
         exit_codes=links["exit_codes"],
         launch_seconds=links["launch_seconds"],
         processes_per_worker=processes_per_worker,
+        peaks=peaks,
     )
 
 

@@ -192,3 +192,29 @@ def test_a_growing_h_needs_a_power_of_two_cap_that_divides_saves_and_evaluations
     ]:
         with pytest.raises(ValueError, match=message):
             make(tmp_path, **kwargs)
+
+
+def test_streaming_diloco_settings_are_checked_before_training(tmp_path):
+    """num_fragments P ≤ H, the delay τ ≤ ⌊H/P⌋ (one average in flight at most), α in [0, 1], and the settings
+    that cannot go with them; every message names the field and the fix. (inner_steps is 10 here.)"""
+    args = make(tmp_path, num_fragments=4, fragment_sync_delay=2, fragment_update_alpha=0.5)
+    assert (args.num_fragments, args.fragment_sync_delay, args.fragment_update_alpha) == (4, 2, 0.5)
+    assert make(tmp_path, num_fragments=10, fragment_sync_delay=1).num_fragments == 10
+    assert make(tmp_path, num_fragments=1, fragment_sync_delay=10).fragment_sync_delay == 10
+    grow = dict(inner_steps_rule="outer_noise", max_inner_steps=40, save_steps=40)
+    assert make(tmp_path, num_fragments=2, **grow).num_fragments == 2  # no delay: the outer noise is measured
+    for kwargs, message in [
+        (dict(num_fragments=0), "num_fragments=0: set an integer from 1 to inner_steps=10"),
+        (dict(num_fragments=11), "num_fragments=11: set an integer from 1 to inner_steps=10"),
+        (dict(num_fragments=2.5), "num_fragments=2.5"),
+        (dict(num_fragments=4, fragment_sync_delay=3), r"fragment_sync_delay=3: .* 10 // 4 = 2"),
+        (dict(num_fragments=4, fragment_sync_delay=-1), "fragment_sync_delay=-1"),
+        (dict(num_fragments=4, fragment_update_alpha=1.5), r"fragment_update_alpha=1.5: set a value in \[0, 1\]"),
+        (dict(fragment_sync_delay=2), "fragment_sync_delay=2 has no effect without fragments: set num_fragments"),
+        (dict(fragment_update_alpha=0.5), "fragment_update_alpha=0.5 has no effect without fragments"),
+        (dict(num_fragments=2, outer_overlap=True), "set outer_overlap=False"),
+        (dict(num_fragments=2, worker_batch_split="speed"), "set worker_batch_split='equal' with num_fragments"),
+        (dict(num_fragments=2, fragment_sync_delay=1, **grow), "set fragment_sync_delay=0 or inner_steps_rule="),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            make(tmp_path, **kwargs)

@@ -230,6 +230,7 @@ def test_method_specs_share_everything_but_their_own_settings(tmp_path):
         convergence.shared_settings(convergence.parse_args(["--set", "adloco.no_such_key=1"]))
 
 
+STREAMED = {"num_fragments": 5, "fragment_sync_delay": "max", "fragment_update_alpha": 0.5}
 # The compression and overlap variants: (base method, the settings they change).
 VARIANTS = {
     "diloco_int8": ("diloco", {"pseudo_grad_compression": "int8"}),
@@ -264,6 +265,11 @@ VARIANTS = {
     "diloco_balanced": ("diloco", {"worker_batch_split": "speed"}),
     "adloco_slow1": ("adloco", {}),
     "adloco_balanced": ("adloco", {"worker_batch_split": "speed"}),
+    # Streaming DiLoCo (issue 29): 5 fragments, the longest delay that keeps one average in flight, α = 0.5.
+    "diloco_streaming": ("diloco", STREAMED),
+    "diloco_streaming_int4": ("diloco", {**STREAMED, "pseudo_grad_compression": "int4"}),
+    "adloco_streaming": ("adloco", STREAMED),
+    "adloco_streaming_int4": ("adloco", {**STREAMED, "pseudo_grad_compression": "int4"}),
 }
 
 
@@ -294,6 +300,10 @@ def test_compression_and_overlap_variants_change_only_their_settings_and_make_a_
         assert config.pseudo_grad_compression == changed.get("pseudo_grad_compression", "none")
         assert config.outer_overlap is changed.get("outer_overlap", False)
         assert config.compression_block_size == 256
+        if "num_fragments" in changed:  # "max": the delay follows inner_steps (25 // 5 in --quick)
+            assert (config.num_fragments, config.fragment_sync_delay, config.fragment_update_alpha) == (5, 5, 0.5)
+        else:
+            assert config.num_fragments is None and config.fragment_sync_delay == 0
         if "max_inner_steps_factor" in changed:  # the cap follows inner_steps; evaluations stay at round ends
             assert config.max_inner_steps == 4 * config.inner_steps
             assert config.eval_steps % config.max_inner_steps == 0

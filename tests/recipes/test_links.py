@@ -153,6 +153,21 @@ def test_window_bytes_interpolates_the_timeline():
     assert links.window_bytes(timeline[:1], 0.0, 0.0) is None
 
 
+def test_peak_rates_are_the_fastest_sample_inside_the_training_window():
+    # Worker 0 sends 100 B in [0, 1] and 600 B in [1, 1.5]; worker 1 sends 300 B in [0.5, 1] only. The sample
+    # [1.5, 3] lies partly outside the window [0, 2]: left out.
+    timeline = [
+        [0.0, [0, 0], [0, 0]],
+        [0.5, [50, 0], [0, 0]],
+        [1.0, [100, 300], [0, 0]],
+        [1.5, [700, 300], [0, 0]],
+        [3.0, [10_000, 300], [0, 0]],
+    ]
+    assert links.peak_rates(timeline, 0.0, 2.0) == [1200.0, 600.0]
+    assert links.peak_rates(timeline, 0.0, 3.0) == pytest.approx([9300 / 1.5, 600.0])
+    assert links.peak_rates(timeline, 0.2, 0.4) is None
+
+
 # ---- results layout ----
 def fake_result(method, world=4, wall=10.0, tokens=1000, comm=1_000_000, ppl=(800.0, 300.0), parameters=1000):
     return {
@@ -349,6 +364,7 @@ def test_the_report_has_a_per_round_table(tmp_path):
             result, method=method, bandwidth="10mbit", rate_bits=10_000_000, burst=65536, latency_ms=50,
             folder=str(tmp_path / method), initial_ppl=4000.0, before=before, after=[{"tx": sent, "rx": sent}] * world,
             training=links.window_bytes(timeline, 100.0, 110.0), exit_codes=[0] * world, launch_seconds=15.0,
+            peaks=links.peak_rates(timeline, 100.0, 110.0),
         )  # fmt: skip
     diloco, int8 = bandwidths["10mbit"]["diloco"], bandwidths["10mbit"]["diloco_int8"]
     assert diloco["link_bytes_per_round"] == pytest.approx((4 * 103_000 - 12_000) / 4) == 100_000
@@ -356,9 +372,12 @@ def test_the_report_has_a_per_round_table(tmp_path):
     assert diloco["wall_seconds_per_round"] == pytest.approx(2.5) and diloco["compute_seconds_per_round"] == 11.0
     links.add_reference_figures(bandwidths)
     assert int8["link_bytes_per_round_vs_base"] == pytest.approx(0.5)
+    assert diloco["peak_link_bits_per_second"] == 8 * 103_000 / 10  # one sample of 10 s
+    assert int8["peak_link_rate_vs_base"] == pytest.approx(53 / 103)
     report = links.format_report({"bandwidths": bandwidths, "targets": [], "checks": []})
     header = next(line for line in report.splitlines() if "link B/round" in line)
     assert "compute s/round" in header and "steady/compute" in header and "s to diloco ppl" in header
+    assert "blocked vs base" in header and "peak Mbit/s" in header and "peak vs base" in header
     rows = [line for line in report.splitlines() if "| diloco_int8 |" in line]
     assert len(rows) == 2  # the main table's row and the per-round table's
     assert "0.500 (diloco)" in rows[1] and "0.967 (diloco)" in rows[1] and "49 KiB" in rows[1]

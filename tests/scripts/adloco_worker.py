@@ -120,9 +120,10 @@ class AfterSync(TrainerCallback):
         self.rounds += 1
         engine = self.trainer.worker
         stacked = gather_params(self.trainer.model)
-        # Overlapped outer steps (eager updates) start each worker from φ + its own offset: there φ is what the
-        # workers of an instance share after every outer step.
-        shared = gather_flat(engine.global_model.phi.detach()) if args.outer_overlap else stacked
+        # Overlapped outer steps (eager updates) start each worker from φ + its own offset, and with fragments the
+        # workers' weights differ between syncs: there φ is what the workers of an instance share.
+        apart = args.outer_overlap or args.num_fragments is not None
+        shared = gather_flat(engine.global_model.phi.detach()) if apart else stacked
         for inst in engine.instances:
             members = shared[processes(engine, inst.workers)]
             assert torch.equal(members, members[:1].expand_as(members)), (
@@ -130,6 +131,7 @@ class AfterSync(TrainerCallback):
             )
         if (
             args.outer_lr == 1.0
+            and args.num_fragments is None
             and args.outer_momentum == 0.0
             and len(engine.instances) == 1
             and engine.totals.merges == 0
@@ -155,6 +157,27 @@ class AfterSync(TrainerCallback):
         lr = args.learning_rate * scheduler.lr_lambdas[0](scheduler.last_epoch) * factor
         assert abs(self.trainer.optimizer.param_groups[0]["lr"] - lr) <= 1e-12 + 1e-6 * lr, (state.global_step, lr)
         self.lr_factors.append(factor)
+
+
+class FragmentProbe(TrainerCallback):
+    """Streaming DiLoCo (`num_fragments`): after every inner step where a fragment's average was applied (the same
+    steps on every rank), φ is identical on the workers of each instance."""
+
+    def __init__(self, trainer):
+        self.trainer, self.checks = trainer, 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        engine = self.trainer.worker
+        streaming = engine.global_model.streaming
+        if not streaming.applied or streaming.applied[-1][0] != state.global_step:
+            return
+        shared = gather_flat(engine.global_model.phi.detach())
+        for inst in engine.instances:
+            members = shared[processes(engine, inst.workers)]
+            assert torch.equal(members, members[:1].expand_as(members)), (
+                f"instance {inst.id}'s φ differs after fragment {streaming.applied[-1][1]} at {state.global_step}"
+            )
+        self.checks += 1
 
 
 class EvalProbe(TrainerCallback):
@@ -446,6 +469,9 @@ def main() -> None:
         trainer.add_callback(after)
     probe = EvalProbe(trainer)
     trainer.add_callback(probe)
+    fragments = FragmentProbe(trainer)
+    if args.num_fragments is not None and spec.get("probes", True):
+        trainer.add_callback(fragments)
     in_worker = InWorker(trainer)
     if args.processes_per_worker > 1 and spec.get("probes", True):
         trainer.add_callback(in_worker)
@@ -533,6 +559,9 @@ def main() -> None:
         "part": list(trainer.worker.global_model.part or (0, trainer.worker.global_model.numel)),
         "numel": trainer.worker.global_model.numel,
     }
+    streaming = trainer.worker.global_model.streaming
+    if streaming is not None:  # (step, fragment) of every send and applied average of this run (since its resume)
+        report.update(fragment_sent=streaming.sent, fragment_applied=streaming.applied, phi_checks=fragments.checks)
     with open(os.path.join(probe_dir, f"report-rank{rank}.json"), "w") as f:
         json.dump(report, f)
 

@@ -167,12 +167,34 @@ def test_the_settings_hold_the_configs_values(tmp_path):
             compression_block_size=64,
             overlap=True,
             overlap_local_weight=0.25,
+            num_fragments=None,
+            fragment_sync_delay=0,
+            fragment_update_alpha=0.0,
         ),
     )
     assert not settings.sharded and settings.outer.with_momentum
+    assert settings.outer.fragments is None and settings.outer.background  # overlap: groups of its own
     assert EvaluationSettings.from_args(args).eval_merged_model is True
     auto = AdLoCoConfig(output_dir=str(tmp_path), max_steps=8, inner_steps=4, max_batch_size="auto", use_cpu=True)
     assert WorkerSettings.from_args(auto).max_batch_size is None  # probed when training starts
+
+
+def test_streaming_diloco_settings_are_read_into_the_outer_settings(tmp_path):
+    args = AdLoCoConfig(
+        output_dir=str(tmp_path),
+        max_steps=24,
+        inner_steps=12,
+        save_strategy="no",
+        use_cpu=True,
+        num_fragments=3,
+        fragment_sync_delay=4,
+        fragment_update_alpha=0.25,
+    )
+    outer = OuterSettings.from_args(args)
+    assert (outer.num_fragments, outer.fragment_sync_delay, outer.fragment_update_alpha) == (3, 4, 0.25)
+    assert outer.fragments == (3, 4, 0.25) and outer.background and not outer.overlap
+    plain = OuterSettings.from_args(AdLoCoConfig(output_dir=str(tmp_path), max_steps=400, use_cpu=True))
+    assert plain.fragments is None and not plain.background
 
 
 def test_each_settings_object_is_built_once_per_run(tmp_path, monkeypatch):
