@@ -146,11 +146,16 @@ class BatchFields:
     batch_size_target: str = field(
         default="test",
         metadata={
-            "help": "The norm test's request or a multiple of the noise scale.",
+            "help": "The norm test's request, a multiple of the noise scale, or the request of the highest goodput "
+            "(throughput measured on the run, the round's communication included, × statistical efficiency).",
             "choices": list(BATCH_SIZE_TARGETS),
         },
     )
     noise_scale_multiple: float = field(default=1.0, metadata={"help": "Target = this × the noise scale."})
+    goodput_hysteresis: float = field(
+        default=0.05,
+        metadata={"help": "batch_size_target='goodput' changes a request only when its predicted goodput gains this."},
+    )
     merge_batch_rule: str = field(
         default="preserve_total",
         metadata={"help": "Per-worker request after a merge.", "choices": list(MERGE_BATCH_RULES)},

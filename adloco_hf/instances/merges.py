@@ -37,16 +37,8 @@ from ..common.distributed import (
 from ..common.layout import WorkerLayout
 from ..config.choices import MERGE_TRANSPORTS
 from ..outer.step import GlobalModel, ring_all_reduce_bytes
-from .table import (
-    Instance,
-    MergeCollectives,
-    MergePlan,
-    Transfer,
-    final_merge_weights,
-    instance_of,
-    plan_collectives,
-    plan_transfers,
-)
+from .table import Instance, MergePlan, final_merge_weights, instance_of
+from .transfers import MergeCollectives, Transfer, plan_collectives, plan_transfers
 
 
 __all__ = [

@@ -16,24 +16,20 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ..batch.controller import NoiseEstimate
+from ..batch.throughput import ThroughputProfile
 from ..config.choices import MERGE_BATCH_RULES
 
 
 __all__ = [
-    "Broadcast",
     "Instance",
     "MERGE_BATCH_RULES",
     "final_merge_weights",
-    "MergeCollectives",
     "MergePlan",
-    "Transfer",
     "choose_merge",
     "initial_instances",
     "instance_of",
     "merge_is_due",
-    "plan_collectives",
     "plan_merge",
-    "plan_transfers",
     "reassign_workers",
     "redistribute",
     "seat_counts",
@@ -56,6 +52,8 @@ class Instance:
         trained: whether a round has moved its weights since the start (its own, or one of an instance merged
             into it).
         noise: the moving averages of its gradient statistics (`batch_controller.NoiseEstimate`).
+        throughput: the moving averages of its measured step and round costs (`batch/throughput.py`; kept with
+            `batch_size_target="goodput"` only, empty otherwise).
     """
 
     id: int
@@ -66,6 +64,7 @@ class Instance:
     rounds_since_merge: int = 0
     trained: bool = False
     noise: NoiseEstimate = field(default_factory=NoiseEstimate)
+    throughput: ThroughputProfile = field(default_factory=ThroughputProfile)
 
     def __post_init__(self):
         if not self.workers:
@@ -81,14 +80,23 @@ class Instance:
     def with_batch_size(self, batch_size: int) -> "Instance":
         return replace(self, batch_size=batch_size, demand=float(batch_size * len(self.workers)))
 
-    def after_round(self, batch_size: int, *, skipped: bool, noise: NoiseEstimate | None = None) -> "Instance":
-        """The row after a round that was (or was not) skipped, with the next request (and statistics' averages)."""
+    def after_round(
+        self,
+        batch_size: int,
+        *,
+        skipped: bool,
+        noise: NoiseEstimate | None = None,
+        throughput: ThroughputProfile | None = None,
+    ) -> "Instance":
+        """The row after a round that was (or was not) skipped, with the next request (and the averages of its
+        statistics and step costs)."""
         return replace(
             self.with_batch_size(batch_size),
             skipped_in_a_row=self.skipped_in_a_row + 1 if skipped else 0,
             rounds_since_merge=self.rounds_since_merge + 1,
             trained=self.trained or not skipped,
             noise=self.noise if noise is None else noise,
+            throughput=self.throughput if throughput is None else throughput,
         )
 
     @property
@@ -99,11 +107,13 @@ class Instance:
     def to_row(self) -> list:
         """The row a checkpoint stores (`from_row` reads it back)."""
         row = [self.id, self.batch_size, self.demand, list(self.workers)]
-        return row + [self.skipped_in_a_row, self.rounds_since_merge, self.trained, self.noise.to_list()]
+        row += [self.skipped_in_a_row, self.rounds_since_merge, self.trained, self.noise.to_list()]
+        return row + [self.throughput.to_list()]
 
     @classmethod
     def from_row(cls, row: list) -> "Instance":
-        """A checkpoint's row; one written before the skip counts existed reads as trained, with none skipped."""
+        """A checkpoint's row; one written before the skip counts existed reads as trained, with none skipped, one
+        written before the step costs were kept with an empty profile."""
         instance_id, batch_size, demand, workers, *health = row
         skipped, since_merge, trained, *noise = health or (0, 0, True)
         return cls(
@@ -115,6 +125,7 @@ class Instance:
             int(since_merge),
             bool(trained),
             NoiseEstimate.from_list(noise[0] if noise else None),
+            ThroughputProfile.from_list(noise[1] if len(noise) > 1 else None),
         )
 
 
@@ -266,6 +277,7 @@ def plan_merge(
         skipped_in_a_row=survivor.skipped_in_a_row,
         trained=survivor.trained or merged.trained,
         noise=NoiseEstimate.combine(survivor.noise, merged.noise, weights),
+        throughput=ThroughputProfile.combine(survivor.throughput, merged.throughput, weights),
     )
     remaining = [combined if inst.id == survivor.id else inst for inst in instances if inst.id != merged.id]
     # The survivor's own workers stay first: the merged-away instance's workers change instance anyway.
@@ -293,104 +305,3 @@ def final_merge_weights(instances: list[Instance]) -> dict[int, float]:
     counted = {inst.id for inst in instances if inst.trained} or {inst.id for inst in instances}
     total = sum(inst.demand for inst in instances if inst.id in counted)
     return {inst.id: inst.demand / total if inst.id in counted else 0.0 for inst in instances}
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """One point-to-point message of a merge.
-
-    kind: "merge_input" (the merged-away instance's weights and momentum to the survivor's first worker),
-    "global" (an instance's weights and momentum to a worker that needs them), "inner" (the inner-optimizer
-    state of an instance's first worker to a worker that joins it) or "save" (merged weights to the rank that
-    writes checkpoints).
-    """
-
-    kind: str
-    instance: int
-    src: int
-    dst: int
-
-
-def plan_transfers(plan: MergePlan, *, writer_rank: int = 0, save: bool = True) -> list[Transfer]:
-    """The ordered messages that carry out a merge; every rank runs its own part in this order.
-
-    Blocking sends and receives in one global order cannot deadlock: the earliest unfinished message always has both
-    its ends waiting on it.
-    """
-    before = {inst.id: inst for inst in plan.before}
-    survivor_src = before[plan.survivor].first_worker
-    transfers = [Transfer("merge_input", plan.survivor, before[plan.merged].first_worker, survivor_src)]
-    for inst in sorted(plan.after, key=lambda x: x.id):
-        if inst.id == plan.survivor:
-            src, holders = survivor_src, {survivor_src}
-            joined = set(inst.workers) - set(before[inst.id].workers)
-        else:
-            holders = set(before[inst.id].workers)
-            src = min(holders)
-            joined = set(inst.workers) - holders
-        for dst in sorted(set(inst.workers) - holders):
-            transfers.append(Transfer("global", inst.id, src, dst))
-        for dst in sorted(joined):
-            transfers.append(Transfer("inner", inst.id, src, dst))
-    receivers = {t.dst for t in transfers if t.kind == "global" and t.instance == plan.survivor}
-    if save and writer_rank != survivor_src and writer_rank not in receivers:
-        transfers.append(Transfer("save", plan.survivor, survivor_src, writer_rank))
-    return transfers
-
-
-@dataclass(frozen=True)
-class Broadcast:
-    """A non-merging instance's φ and outer momentum, from its first worker to the workers that join it."""
-
-    instance: int
-    src: int
-    ranks: tuple[int, ...]  # the broadcast's group: `src` and the joining workers, ascending
-
-
-@dataclass(frozen=True)
-class MergeCollectives:
-    """A merge as collectives (`merge_transport="all_reduce"`); every rank runs its part in this order.
-
-    1. One all-reduce (a sum) over `members`: the workers of both merging instances, and any worker that joins the
-       survivor from a third instance. Each contributes `weights[rank]` × (φ, momentum) of its instance: w_i / n_i
-       for a worker of merging instance i (its merge weight over its number of workers), 0 for one that joins from
-       elsewhere, so the sum is w_survivor·φ_s + w_merged·φ_m on every member.
-    2. `broadcasts`, in instance id order: a non-merging instance's φ and momentum to the workers it gains. Their
-       groups are disjoint, so they run side by side.
-    3. `save_src` sends the merged φ to `writer` (the rank that writes checkpoints) when it is not a member.
-
-    Inner-optimizer state is not sent: every worker keeps its own. `groups` lists the process groups, in the order
-    every rank creates them (`new_group` is collective over the world).
-    """
-
-    members: tuple[int, ...]
-    weights: dict[int, float]
-    broadcasts: tuple[Broadcast, ...]
-    writer: int
-    save_src: int | None
-
-    @property
-    def groups(self) -> list[tuple[int, ...]]:
-        return [self.members] + [b.ranks for b in self.broadcasts]
-
-
-def plan_collectives(plan: MergePlan, *, writer_rank: int = 0, save: bool = True) -> MergeCollectives:
-    """The collectives that carry out `plan` (see [`MergeCollectives`]); pure, the same on every rank."""
-    before = {inst.id: inst for inst in plan.before}
-    survivor, merged = before[plan.survivor], before[plan.merged]
-    survivor_after = next(inst for inst in plan.after if inst.id == plan.survivor)
-    members = tuple(sorted(set(survivor.workers) | set(merged.workers) | set(survivor_after.workers)))
-    weights = {rank: 0.0 for rank in members}
-    for inst, weight in zip((survivor, merged), plan.weights):
-        for rank in inst.workers:
-            weights[rank] = weight / len(inst.workers)
-    broadcasts = []
-    for inst in sorted(plan.after, key=lambda x: x.id):
-        if inst.id == plan.survivor:
-            continue
-        joined = set(inst.workers) - set(before[inst.id].workers)
-        if joined:
-            src = before[inst.id].first_worker  # holds its instance's state, and stays (`redistribute`)
-            broadcasts.append(Broadcast(inst.id, src, tuple(sorted(joined | {src}))))
-    save_src = survivor.first_worker if save and writer_rank not in members else None
-    return MergeCollectives(members, weights, tuple(broadcasts), writer_rank, save_src)

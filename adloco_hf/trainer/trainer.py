@@ -131,6 +131,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         )
 
     def _maybe_end_round(self) -> None:
+        self.worker.close_step()  # the step's optimizer has run: the end of its timing (batch_size_target="goodput")
         step = self.state.global_step
         # The sampler never runs out, so the Trainer's epoch is max_steps steps long; it counts from the resumed
         # step's position, not from 0, so a resumed run logs the epochs an uninterrupted one does.

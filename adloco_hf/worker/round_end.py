@@ -7,8 +7,6 @@
 4. Rank 0 writes the round's lines to `adloco_rounds.jsonl` and the console.
 """
 
-import time
-
 import torch
 
 from ..batch.size_tests import GradientStatistics
@@ -67,7 +65,7 @@ class RoundEnd:
     def _outer_step(self) -> WorkerReport:
         """The outer step inside this worker's instance, and the round as this process reports it."""
         inst = self.instance
-        started = time.perf_counter()
+        started = self.clock()
         group = self.outer_groups.get(self.process_groups.cross(inst.workers))
         result = self.global_model.outer_step(group=group, num_workers=len(inst.workers))
         if result.skipped or not result.local_finite:
@@ -84,10 +82,11 @@ class RoundEnd:
             pseudo_grad_norm=result.pseudo_grad_norm,
             payload_bytes=result.payload_bytes,
             comm_seconds=result.seconds,
-            outer_seconds=time.perf_counter() - started,
+            outer_seconds=self.clock() - started,
             skipped=result.skipped,
             preempt=self.preemption.requested,
             local_sq_norm=result.local_sq_norm,
+            timing=tally.timing,
         )
 
     def _clean_inner_optimizer(self) -> None:

@@ -6,11 +6,11 @@ from adloco_hf.instances.table import (
     initial_instances,
     merge_is_due,
     plan_merge,
-    plan_transfers,
     reassign_workers,
     redistribute,
     seat_counts,
 )
+from adloco_hf.instances.transfers import plan_transfers
 
 
 def table(*specs):

@@ -10,7 +10,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from adloco_hf.reporting.plotting import plot_run
+from adloco_hf.reporting.plotting import goodput_series, plot_run
 from adloco_hf.reporting.report import format_summary, summarize_run
 from adloco_hf.reporting.run_log import load_evals, load_rounds
 
@@ -257,6 +257,19 @@ def test_plot_run_one_instance_no_eval_nan_losses(tmp_path):
 
     for r in only:
         r["train_loss"] = None
+    write_jsonl(tmp_path / "adloco_rounds.jsonl", only)
+    check_png(Path(plot_run(tmp_path)))
+
+
+def test_plot_run_draws_the_goodput_of_each_choice_and_of_keeping_the_batch(tmp_path):
+    rounds, _ = synthetic_run()
+    only = [dict(r, workers=[0], num_instances=1, merged_from=[], comm_bytes=0) for r in rounds if r["instance"] == 0]
+    for step, r in enumerate(only, start=1):
+        r.update(goodput=100.0 + step, goodput_kept=90.0 + step, total_tokens=1000 * step)
+    only[1].pop("goodput")  # a round without a noise scale yet logs none
+    series = goodput_series({0: only}, {r["outer_step"]: r["total_tokens"] for r in only})
+    assert series == {0: ([1000, 3000, 4000, 5000, 6000], [101, 103, 104, 105, 106], [91, 93, 94, 95, 96])}
+    assert goodput_series({0: rounds[:1]}, {1: 10.0}) == {}  # another target: nothing to draw
     write_jsonl(tmp_path / "adloco_rounds.jsonl", only)
     check_png(Path(plot_run(tmp_path)))
 

@@ -1,0 +1,128 @@
+"""`batch_size_target="goodput"` in real runs, timed by a deterministic clock (`helpers.StepClock`): the worker
+measures the passes, the rest of each step and the outer step as the clock says; every decision is the pure rule's on
+what the rounds file logs; a run stopped and resumed from a checkpoint takes the uninterrupted run's decisions (the
+cost averages are in the checkpoint); and the same with 2 workers of 2 processes, 2 instances that merge, switch mode
+and int8 pseudo-gradients."""
+
+import json
+import os
+
+import pytest
+from helpers import (
+    COMPARED_ROUND_KEYS,
+    SCRIPTS,
+    StepClock,
+    launch_run,
+    rounds_of,
+    sequence_dataset,
+    tiny_model,
+    tiny_run_config,
+)
+
+from adloco_hf import AdLoCoTrainer
+from adloco_hf.batch.goodput import GoodputModel, choose_request
+from adloco_hf.batch.lr_scaling import lr_factor
+from adloco_hf.batch.switch_mode import plan_batch
+from adloco_hf.batch.throughput import StepTimeModel
+
+
+# The clock's costs: a pass of n samples 0.01 + 0.002 n s, 0.005 s for the rest of a step, and an outer step of 0.6,
+# 0.2 and 0.4 s in turn (rounds 1, 2, 3, ...).
+CLOCK = dict(per_step=0.005, per_pass=0.01, per_sample=0.002, per_round=[0.6, 0.2, 0.4])
+GOODPUT = dict(
+    batch_size_target="goodput", per_device_train_batch_size=2, max_batch_size=4, batch_size_cap=16,
+    lr_batch_scaling="sqrt", inner_steps=5,
+)  # fmt: skip
+# The goodput rule's figures: equal up to the float round-off of the clock's differences (its absolute time differs).
+MEASURED_KEYS = ("goodput", "goodput_kept", "step_model", "noise_scale")
+
+
+def check_decisions(rounds: list[dict], *, processes: int = 1, initial: int = 2) -> None:
+    """Every logged choice is the pure rule's on the logged step model and noise scale."""
+    for line in rounds:
+        if "goodput" not in line:
+            assert line["next_batch_size"] == line["batch_size"]
+            continue
+        model = GoodputModel(
+            times=StepTimeModel(*line["step_model"]),
+            noise_scale=line["noise_scale"],
+            inner_steps=line["inner_steps"],
+            workers=len(line["workers"]),
+            processes=processes,
+            max_batch_size=4,
+            switch_threshold=2.0,
+            reference=initial,
+        )
+        choice = choose_request(model, current=line["batch_size"], low=initial, high=16, hysteresis=0.05)
+        assert (choice.request, choice.goodput, choice.kept) == pytest.approx(
+            (line["next_batch_size"], line["goodput"], line["goodput_kept"])
+        ), line
+
+
+def train(output_dir, *, resume=None, max_steps=30):
+    args = tiny_run_config(output_dir, max_steps=max_steps, save_strategy="steps", save_steps=10, **GOODPUT)
+    trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(256))
+    StepClock(**CLOCK).install(trainer)
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer, rounds_of(args.output_dir)
+
+
+def test_one_worker_measures_what_the_clock_says_follows_the_rule_and_resumes_exactly(tmp_path):
+    full, rounds = train(tmp_path / "full")
+    assert len(rounds) == 6
+    # The measured model is the clock's: α and β from the passes of 2 and the statistics step's halves of 1.
+    first = rounds[0]["step_model"]
+    assert first == pytest.approx([0.005, 0.01, 0.002, 0.6])
+    assert [line["step_model"][3] for line in rounds[:2]] == pytest.approx([0.6, (0.5 * 0.6 + 0.2) / 1.5])
+    check_decisions(rounds)
+    sizes = [line["batch_size"] for line in rounds]
+    assert len(set(sizes)) > 1 and max(sizes) > 2  # the rule moved the request
+    # The inner learning rate follows the batch the last round chose (sqrt rule, reference 2).
+    last = rounds[-1]["next_batch_size"]
+    used = plan_batch(last, 4, 2.0).batch_size
+    assert full.worker.plan.batch_size == used
+    schedule = full.lr_scheduler.lr_lambdas[0](full.lr_scheduler.last_epoch)
+    expected_lr = full.args.learning_rate * schedule * lr_factor("sqrt", used, 2)
+    assert full.optimizer.param_groups[0]["lr"] == pytest.approx(expected_lr)
+
+    # Resumed from checkpoint-10: the same decisions afterwards, which needs the cost averages of rounds 1 and 2.
+    _, resumed = train(tmp_path / "resumed", resume=str(tmp_path / "full" / "out" / "checkpoint-10"))
+    later = [line for line in rounds if line["outer_step"] > 2]
+    assert [{k: line[k] for k in COMPARED_ROUND_KEYS} for line in resumed] == [
+        {k: line[k] for k in COMPARED_ROUND_KEYS} for line in later
+    ]
+    for again, line in zip(resumed, later, strict=True):
+        for key in MEASURED_KEYS:
+            assert again.get(key) == pytest.approx(line.get(key), rel=1e-9), (key, again, line)
+    state = json.load(open(os.path.join(tmp_path / "full" / "out" / "checkpoint-10", "trainer_state.json")))
+    assert state["global_step"] == 10
+
+
+@pytest.fixture(scope="module")
+def two_by_two_goodput(tmp_path_factory):
+    """2 workers of 2 processes, 2 instances merging at round 2, goodput, switch mode and int8 pseudo-gradients."""
+    config = dict(
+        GOODPUT, per_device_train_batch_size=1, batch_size_cap=16, processes_per_worker=2, num_instances=2,
+        merge_every=2, max_steps=20, seed=3, optim="adamw_torch", learning_rate=3e-3,
+        pseudo_grad_compression="int8", save_strategy="no",
+    )  # fmt: skip
+    return launch_run(
+        os.path.join(SCRIPTS, "adloco_worker.py"),
+        tmp_path_factory.mktemp("goodput"),
+        config,
+        world_size=4,
+        step_clock=CLOCK,
+    )
+
+
+def test_two_workers_of_two_processes_merge_and_follow_the_rule(two_by_two_goodput):
+    out, probe = two_by_two_goodput
+    rounds = rounds_of(out)
+    check_decisions(rounds, processes=2)
+    assert all(line["next_batch_size"] % 2 == 0 for line in rounds)
+    assert any(line["merged_from"] for line in rounds) and rounds[-1]["num_instances"] == 1
+    assert any(line["next_batch_size"] != line["batch_size"] for line in rounds)
+    for rank in range(4):  # every round's end checked replicas, the sampler's batch and the learning rate
+        report = json.load(open(os.path.join(probe, f"report-rank{rank}.json")))
+        assert report["world_size"] == 4 and report["rounds_checked"] == 4
+        assert report["steps_checked_in_worker"] == 20  # the worker's 2 processes agreed after every step
