@@ -47,7 +47,7 @@ TRAJECTORY_FIELDS = (
     "batch_size_shrink", "shrink_hysteresis", "batch_size_floor", "batch_size_target", "noise_scale_multiple",
     "goodput_hysteresis", "merge_batch_rule",
     "inner_steps_rule", "max_inner_steps", "outer_noise_theta",
-    "switch_threshold", "pseudo_grad_dtype", "pseudo_grad_compression", "merge_transport",
+    "switch_threshold", "pseudo_grad_dtype", "pseudo_grad_compression", "merge_transport", "merge_payload",
     "compression_block_size", "outer_overlap", "outer_overlap_local_weight", "outer_lr", "outer_momentum",
     "outer_nesterov", "lr_batch_scaling", "per_device_train_batch_size", "seed", "data_seed", "processes_per_worker",
     "worker_parallelism",

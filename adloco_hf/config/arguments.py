@@ -87,6 +87,10 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             2 (n − 1) P bytes over the n workers of the merge, ≤ 3 P of link time. `"point_to_point"`: blocking
             sends in one order, which also hand the first worker's AdamW state to each worker that joins an
             instance; ≈ n P of link time on the survivor's first worker, plus ≈ P per joining worker.
+        merge_payload (`str`, *optional*, defaults to `"float32"`):
+            What an all-reduce merge sends: `"float32"` weights and outer momenta (8 bytes a parameter), or
+            `"compact"`: weights in bfloat16 and the momentum as int8 blocks of `compression_block_size` (about 3
+            bytes a parameter; `instances/payload.py`). Point-to-point merges send float32.
         instance_init (`str`, *optional*, defaults to `"shared"`):
             `"shared"`: all instances start from the same weights; `"independent"`: instance i is re-initialised
             with seed `seed + i`.
@@ -296,6 +300,7 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             "merge_every",
             "merge_policy",
             "merge_transport",
+            "merge_payload",
             "instance_init",
             "eval_merged_model",
             "batch_size_test",

@@ -10,6 +10,7 @@ __all__ = [
     "INSTANCE_INITS",
     "LR_SCALING_RULES",
     "MERGE_BATCH_RULES",
+    "MERGE_PAYLOADS",
     "MERGE_POLICIES",
     "MERGE_TRANSPORTS",
     "NOISE_PRECONDITIONERS",
@@ -25,6 +26,7 @@ INNER_STEPS_RULES = ("fixed", "outer_noise")
 INSTANCE_INITS = ("shared", "independent")
 MERGE_POLICIES = ("smallest_pair", "largest_smallest")
 MERGE_TRANSPORTS = ("all_reduce", "point_to_point")
+MERGE_PAYLOADS = ("float32", "compact")
 MERGE_BATCH_RULES = ("preserve_total", "paper")
 WORKER_PARALLELISMS = ("ddp", "fsdp")
 

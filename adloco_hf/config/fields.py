@@ -15,6 +15,7 @@ from .choices import (
     INSTANCE_INITS,
     LR_SCALING_RULES,
     MERGE_BATCH_RULES,
+    MERGE_PAYLOADS,
     MERGE_POLICIES,
     MERGE_TRANSPORTS,
     NOISE_PRECONDITIONERS,
@@ -75,6 +76,14 @@ class InstanceFields:
         metadata={
             "help": "How a merge travels: a weighted all-reduce, or point-to-point sends.",
             "choices": list(MERGE_TRANSPORTS),
+        },
+    )
+    merge_payload: str = field(
+        default="float32",
+        metadata={
+            "help": "What an all-reduce merge sends: float32 weights and outer momentum, or compact (bfloat16 weights, "
+            "int8 blocks of the momentum: about 3 bytes a parameter instead of 8).",
+            "choices": list(MERGE_PAYLOADS),
         },
     )
     instance_init: str = field(

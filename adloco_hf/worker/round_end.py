@@ -123,6 +123,8 @@ class RoundEnd:
             monitor=self.monitor,
             hint=self.resume_hint,
             transport=self.settings.merge_transport,
+            payload=self.settings.merge_payload,
+            block_size=self.settings.outer.compression_block_size,
             groups=self.groups,  # every rank creates the merge's groups here, in the same order
             layout=self.layout,
             local_rank=self.local_rank,

@@ -69,6 +69,7 @@ class WorkerSettings:
     # merges
     save_merges: bool
     merge_transport: str
+    merge_payload: str  # "float32" or "compact" (`instances/payload.py`)
     steps: StepSettings
     outer: OuterSettings
 
@@ -97,6 +98,7 @@ class WorkerSettings:
             memory_fraction=args.memory_fraction,
             save_merges=args.save_merges,
             merge_transport=args.merge_transport,
+            merge_payload=args.merge_payload,
             steps=StepSettings.from_args(args),
             outer=OuterSettings.from_args(args),
         )

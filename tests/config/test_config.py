@@ -37,6 +37,7 @@ def test_defaults_are_valid_and_decouple_the_workers(tmp_path):
         (dict(switch_threshold=0.5), "switch_threshold"),
         (dict(merge_policy="random"), "merge_policy"),
         (dict(merge_transport="ring"), "merge_transport"),
+        (dict(merge_payload="fp8"), "merge_payload"),
         (dict(instance_init="zeros"), "instance_init"),
         (dict(batch_size_test="variance"), "batch_size_test"),
         (dict(pseudo_grad_dtype="int8"), "pseudo_grad_dtype"),

@@ -1,8 +1,8 @@
 """`batch_size_target="goodput"` in real runs, timed by a deterministic clock (`helpers.StepClock`): the worker
 measures the passes, the rest of each step and the outer step as the clock says; every decision is the pure rule's on
 what the rounds file logs; a run stopped and resumed from a checkpoint takes the uninterrupted run's decisions (the
-cost averages are in the checkpoint); and the same with 2 workers of 2 processes, 2 instances that merge, switch mode
-and int8 pseudo-gradients."""
+cost averages are in the checkpoint); and the same with 2 workers of 2 processes, 2 instances that merge (compact
+merges: bf16 weights, int8 momentum blocks), switch mode and int8 pseudo-gradients."""
 
 import json
 import os
@@ -100,11 +100,12 @@ def test_one_worker_measures_what_the_clock_says_follows_the_rule_and_resumes_ex
 
 @pytest.fixture(scope="module")
 def two_by_two_goodput(tmp_path_factory):
-    """2 workers of 2 processes, 2 instances merging at round 2, goodput, switch mode and int8 pseudo-gradients."""
+    """2 workers of 2 processes, 2 instances merging at round 2 (compact merges), goodput, switch mode and int8
+    pseudo-gradients."""
     config = dict(
         GOODPUT, per_device_train_batch_size=1, batch_size_cap=16, processes_per_worker=2, num_instances=2,
         merge_every=2, max_steps=20, seed=3, optim="adamw_torch", learning_rate=3e-3,
-        pseudo_grad_compression="int8", save_strategy="no",
+        pseudo_grad_compression="int8", merge_payload="compact", save_strategy="no",
     )  # fmt: skip
     return launch_run(
         os.path.join(SCRIPTS, "adloco_worker.py"),
@@ -121,6 +122,12 @@ def test_two_workers_of_two_processes_merge_and_follow_the_rule(two_by_two_goodp
     check_decisions(rounds, processes=2)
     assert all(line["next_batch_size"] % 2 == 0 for line in rounds)
     assert any(line["merged_from"] for line in rounds) and rounds[-1]["num_instances"] == 1
+    # The compact merge: every process of the survivor holds the same weights (checked after every round), and they
+    # its bytes are the compact payload's (2 + 1 + 4/256 bytes a parameter), not float32's 8: on each of the 2 local
+    # ranks a ring of 2 members sends 2 payloads.
+    merge = next(line for line in rounds if line["merged_from"])
+    numel = json.load(open(os.path.join(probe, "report-rank0.json")))["numel"]
+    assert 2 * 2 * 3 * numel < merge["merge_bytes"] <= 2 * 2 * (3 + 4 / 256) * numel + 2 * 2 * 4 * 2
     assert any(line["next_batch_size"] != line["batch_size"] for line in rounds)
     for rank in range(4):  # every round's end checked replicas, the sampler's batch and the learning rate
         report = json.load(open(os.path.join(probe, f"report-rank{rank}.json")))

@@ -118,6 +118,7 @@ def test_the_settings_hold_the_configs_values(tmp_path):
         memory_fraction=0.55,
         save_merges=False,
         merge_transport="point_to_point",
+        merge_payload="compact",
         batch_size_test="augmented_inner_product",
         batch_size_target="goodput",
         batch_size_cap=60,
@@ -153,6 +154,7 @@ def test_the_settings_hold_the_configs_values(tmp_path):
         memory_fraction=0.55,
         save_merges=False,
         merge_transport="point_to_point",
+        merge_payload="compact",
         steps=StepSettings(
             batch_size_test="augmented_inner_product",
             noise_preconditioner="adam",
