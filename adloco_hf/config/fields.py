@@ -151,7 +151,10 @@ class BatchFields:
     )
     batch_size_shrink: bool = field(default=False, metadata={"help": "Let requests fall (with hysteresis)."})
     shrink_hysteresis: float = field(default=0.5, metadata={"help": "Shrink only below this fraction of the request."})
-    batch_size_floor: int | None = field(default=None, metadata={"help": "Smallest request when shrinking."})
+    batch_size_floor: int | None = field(
+        default=None,
+        metadata={"help": "Smallest request when shrinking, and of the goodput rule (default: the initial one)."},
+    )
     batch_size_target: str = field(
         default="test",
         metadata={

@@ -98,3 +98,17 @@ def test_the_report_puts_links_and_convergence_targets_side_by_side(tmp_path):
     assert "diloco_goodput" not in out  # it did not run
     written = " ".join((tmp_path / "out" / "table.md").read_text().split())
     assert "| links | 42 | 10mbit | diloco_b4 | 50.0 | 100.0 | 40.0 | 0.400 |" in written
+
+
+def test_merge_bytes_become_the_busiest_links_model_times():
+    numel = 1000
+    compact = (3 + 4 / 256) * numel  # one member's payload
+    lines = [
+        {"outer_step": 1, "merged_from": []},
+        {"outer_step": 2, "merged_from": [1], "merge_bytes": 2 * compact},  # a ring of 2: each sends 1 payload
+        {"outer_step": 6, "merged_from": [2], "merge_bytes": 6 * compact},  # a ring of 4: each sends 1.5 payloads
+    ]
+    times = report.merge_link_model_times(lines, numel, "compact")
+    assert times == pytest.approx([compact / (2 * numel), 1.5 * compact / (2 * numel)])  # 1.51 and 2.26
+    # float32 merges of 4 members: 1.5 × 8 bytes a parameter, 6 bf16 model-times.
+    assert report.merge_link_model_times([dict(lines[2], merge_bytes=6 * 8 * numel)], numel, "float32") == [6.0]

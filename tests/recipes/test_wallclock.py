@@ -1,5 +1,6 @@
 """The wall-clock model of `recipes/benchmarks/wallclock/`: its formulas on hand-computed cases (fast, no torch)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -120,6 +121,15 @@ def test_replay_of_a_rounds_file(tmp_path):
     # Time at tokens: linear within the round that holds them.
     assert wc.seconds_at_tokens(replay, 2560 + 1280) == pytest.approx(start + round1 + round2 / 2)
     assert wc.seconds_at_tokens(replay, 10**9) is None
+    # An all-reduce merge (merge_transport="all_reduce") is a ring over the 4 members of the bytes its line logs
+    # (here 6 payloads of 3000 B: a compact merge of 1000 parameters), not the point-to-point messages.
+    lines = load_rounds(tmp_path)
+    lines[0]["merge_bytes"] = 6 * 3000
+    ring = dataclasses.replace(facts, merge_transport="all_reduce")
+    merged = wc.replay_adloco(lines, ring, profile, link)["rounds"][0]
+    assert merged["merge_seconds"] == pytest.approx(2 * 3 * (0.1 + 750 / 1000) + 3 * 0.1)  # and its all-gather
+    assert merged["wall_seconds"] == pytest.approx(round1 - merge + merged["merge_seconds"])
+    assert merged["modelled_bytes"] == pytest.approx(2 * 2000 + 2 * 2000 + 6 * 3000)
 
 
 def test_final_merge_when_instances_are_left(tmp_path):
