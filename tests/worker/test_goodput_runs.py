@@ -2,7 +2,8 @@
 measures the passes, the rest of each step and the outer step as the clock says; every decision is the pure rule's on
 what the rounds file logs; a run stopped and resumed from a checkpoint takes the uninterrupted run's decisions (the
 cost averages are in the checkpoint); and the same with 2 workers of 2 processes, 2 instances that merge (compact
-merges: bf16 weights, int8 momentum blocks), switch mode and int8 pseudo-gradients."""
+merges: bf16 weights, int8 momentum blocks), switch mode and int8 pseudo-gradients; and a streamed 2-worker run
+with merges stopped after its checkpoint and resumed ends as the uninterrupted one."""
 
 import json
 import os
@@ -10,13 +11,18 @@ import os
 import pytest
 from helpers import (
     COMPARED_ROUND_KEYS,
+    RESUME_CONFIG,
     SCRIPTS,
     StepClock,
+    launch,
     launch_run,
+    merged_params,
     rounds_of,
     sequence_dataset,
     tiny_model,
     tiny_run_config,
+    worker_spec,
+    write_c4_shards,
 )
 
 from adloco_hf import AdLoCoTrainer
@@ -122,7 +128,7 @@ def test_two_workers_of_two_processes_merge_and_follow_the_rule(two_by_two_goodp
     check_decisions(rounds, processes=2)
     assert all(line["next_batch_size"] % 2 == 0 for line in rounds)
     assert any(line["merged_from"] for line in rounds) and rounds[-1]["num_instances"] == 1
-    # The compact merge: every process of the survivor holds the same weights (checked after every round), and they
+    # The compact merge: every process of the survivor holds the same weights (checked after every round), and
     # its bytes are the compact payload's (2 + 1 + 4/256 bytes a parameter), not float32's 8: on each of the 2 local
     # ranks a ring of 2 members sends 2 payloads.
     merge = next(line for line in rounds if line["merged_from"])
@@ -133,3 +139,42 @@ def test_two_workers_of_two_processes_merge_and_follow_the_rule(two_by_two_goodp
         report = json.load(open(os.path.join(probe, f"report-rank{rank}.json")))
         assert report["world_size"] == 4 and report["rounds_checked"] == 4
         assert report["steps_checked_in_worker"] == 20  # the worker's 2 processes agreed after every step
+
+
+def test_a_streamed_run_with_merges_stopped_and_resumed_takes_the_uninterrupted_runs_decisions(tmp_path):
+    """2 workers reading a stream, 2 instances merging (compactly) at round 4 after the checkpoint at step 10, int8
+    pseudo-gradients: stopped at step 12 and resumed from checkpoint-10, the run logs the uninterrupted run's rounds,
+    goodput predictions included (the cost averages of rounds 1 and 2 come from the checkpoint), and ends with its
+    merged model."""
+    shards, _ = write_c4_shards(tmp_path / "shards", 4, 10)
+    config = dict(RESUME_CONFIG, **GOODPUT, merge_payload="compact", pseudo_grad_compression="int8")
+    stream = {"shards": shards, "documents": 40, "block_size": 16}
+
+    def spec(out, probe, **extra):
+        return json.dumps(
+            worker_spec(
+                str(tmp_path / out), str(tmp_path / probe), 2, config, stream=stream, step_clock=CLOCK, **extra
+            )
+        )
+
+    worker = os.path.join(SCRIPTS, "adloco_worker.py")
+    launch(worker, spec("full", "p0"), num_processes=2)
+    launch(worker, spec("part", "p1", fail=["all", 12, 0]), num_processes=2)
+    checkpoint = tmp_path / "part" / "checkpoint-10"
+    assert checkpoint.is_dir() and not (tmp_path / "part" / "merged").exists()
+    launch(worker, spec("part", "p2", resume=str(checkpoint)), num_processes=2)
+
+    assert [json.load(open(tmp_path / "p2" / f"report-rank{r}.json"))["world_size"] for r in range(2)] == [2, 2]
+    full, part = rounds_of(str(tmp_path / "full")), rounds_of(str(tmp_path / "part"))
+    assert [{k: line[k] for k in COMPARED_ROUND_KEYS} for line in part] == [
+        {k: line[k] for k in COMPARED_ROUND_KEYS} for line in full
+    ]
+    for again, line in zip(part, full, strict=True):
+        for key in MEASURED_KEYS:  # a round without a noise scale yet logs no goodput
+            expected = line.get(key)
+            assert again.get(key) == (None if expected is None else pytest.approx(expected, rel=1e-9)), (key, line)
+    check_decisions(full)
+    assert any(line["merged_from"] for line in full if line["outer_step"] == 4)  # merged after the resume
+    assert any("goodput" in line and line["next_batch_size"] != line["batch_size"] for line in full)
+    gap = (merged_params(str(tmp_path / "part")) - merged_params(str(tmp_path / "full"))).abs().max().item()
+    assert gap <= 1e-6
