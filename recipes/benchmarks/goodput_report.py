@@ -223,7 +223,7 @@ def verdict(values: list[float | None], bound: float) -> str:
     return "holds" if statistics.mean(values) <= bound else "MISSED"
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--links", nargs="*", default=[], help="links results.json, one per seed")
     parser.add_argument("--convergence", default=None, help="convergence results.json")
@@ -240,7 +240,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--optimizer_seconds", type=float, default=0.0, help="--replay_bandwidths: per inner step")
     parser.add_argument("--outer_seconds", type=float, default=0.0, help="--replay_bandwidths: per round")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     links_results = []
     for path in args.links:
         with open(path, encoding="utf-8") as f:

@@ -147,14 +147,18 @@ def run_seed(settings: dict, seed: int, steps: int, batch: int) -> dict:
     return {"seed": seed, "merges": rows, "instance_ppl": instance_ppl, "tokens_per_instance": per_instance * 128}
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300, help="Inner steps per instance before the merges.")
     parser.add_argument("--batch_size", type=int, default=4)
     parser.add_argument("--cache_dir", default="outputs/cache")
     parser.add_argument("--output_dir", default="outputs/benchmarks/merge_precision")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     torch.set_num_threads(1)
     settings = convergence.shared_settings(convergence.parse_args(["--cache_dir", args.cache_dir]))
     start = time.perf_counter()
