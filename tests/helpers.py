@@ -34,6 +34,7 @@ __all__ = [
     "REPO",
     "RESUME_CONFIG",
     "SCRIPTS",
+    "StepClock",
     "TESTS",
     "TINY_TRAINING",
     "TWO_BY_TWO",
@@ -181,6 +182,52 @@ def word_tokenizer(num_documents: int = 1000, words: int = 16):
     backend = Tokenizer(WordLevel({name: i for i, name in enumerate(names)}, unk_token="[UNK]"))
     backend.pre_tokenizer = WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", unk_token="[UNK]", pad_token="</s>")
+
+
+class StepClock:
+    """A deterministic clock for the step timings of `batch_size_target="goodput"` (installed as `Worker.clock`): a
+    forward/backward pass of n samples takes `per_pass + per_sample × n` seconds, the rest of a step `per_step`, an
+    outer step `per_round` (a list: round k's outer step takes item k mod its length, so that the averages depend on
+    their history). A run timed by it takes the same decisions every time, so a resumed run can be compared with an
+    uninterrupted one."""
+
+    def __init__(self, per_step=0.005, per_pass=0.01, per_sample=0.002, per_round=0.5):
+        self.per_step, self.per_pass, self.per_sample, self.per_round = per_step, per_pass, per_sample, per_round
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def install(self, trainer) -> None:
+        """Time `trainer`'s worker with this clock: each call the worker times advances it by what it stands for."""
+        from transformers import TrainerCallback
+
+        worker, clock = trainer.worker, self
+        plan_step, finish_step = worker.plan_step, worker.finish_step
+
+        def timed_plan_step(step, batch):
+            plan = plan_step(step, batch)  # reads the clock: the passes start
+            clock.now += sum(clock.per_pass + clock.per_sample * n for n in plan.chunk_sizes)
+            return plan
+
+        def timed_finish_step(*args, **kwargs):
+            finish_step(*args, **kwargs)  # reads the clock: the passes end
+            clock.now += clock.per_step
+
+        class TimedOuterStep(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):  # after AdLoCo's start made the global model
+                global_model = worker.global_model
+                outer_step = global_model.outer_step
+
+                def timed_outer_step(*args, **kwargs):
+                    cycle = clock.per_round if isinstance(clock.per_round, list) else [clock.per_round]
+                    clock.now += cycle[(trainer.state.global_step // trainer.args.inner_steps - 1) % len(cycle)]
+                    return outer_step(*args, **kwargs)
+
+                global_model.outer_step = timed_outer_step
+
+        worker.clock, worker.plan_step, worker.finish_step = self, timed_plan_step, timed_finish_step
+        trainer.add_callback(TimedOuterStep())
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:

@@ -15,6 +15,9 @@ follows the estimator's noise rather than the gradient noise. This module adds, 
 - **a target in units of the noise scale** (`batch_size_target="noise_scale"`): T = `noise_scale_multiple` ×
   B_noise, B_noise = tr Σ / ‖∇F‖² (McCandlish et al., 2018, the "simple" noise scale). The norm test's own fixed
   point is T = B_noise (1 − η²) / η², 0.56 B_noise at η = 0.8.
+- **goodput** (`batch_size_target="goodput"`): the request that trains fastest per second, from the same smoothed
+  noise scale and the step costs measured on the run (`batch/goodput.py`; `rounds/decision.py` asks it instead of
+  `next_request`).
 
 Smoothing and the target apply to the norm test; the inner-product tests keep their one-round form.
 """
@@ -99,6 +102,7 @@ class ControllerRules:
     floor: int = 1
     target: str = "test"
     noise_scale_multiple: float = 1.0
+    goodput_hysteresis: float = 0.05  # batch_size_target="goodput" (`batch/goodput.py`)
 
     @property
     def is_paper(self) -> bool:

@@ -44,9 +44,10 @@ RUN_SETTINGS_VERSION = 1
 TRAJECTORY_FIELDS = (
     "inner_steps", "num_instances", "merge_every", "merge_policy", "instance_init", "batch_size_test", "eta", "theta",
     "nu", "max_batch_size", "batch_size_cap", "batch_size_smoothing", "noise_preconditioner", "nonpositive_signal",
-    "batch_size_shrink", "shrink_hysteresis", "batch_size_floor", "batch_size_target", "noise_scale_multiple", "merge_batch_rule",
+    "batch_size_shrink", "shrink_hysteresis", "batch_size_floor", "batch_size_target", "noise_scale_multiple",
+    "goodput_hysteresis", "merge_batch_rule",
     "inner_steps_rule", "max_inner_steps", "outer_noise_theta",
-    "switch_threshold", "pseudo_grad_dtype", "pseudo_grad_compression", "merge_transport",
+    "switch_threshold", "pseudo_grad_dtype", "pseudo_grad_compression", "merge_transport", "merge_payload",
     "compression_block_size", "outer_overlap", "outer_overlap_local_weight", "num_fragments", "fragment_sync_delay",
     "fragment_update_alpha", "outer_lr", "outer_momentum",
     "outer_nesterov", "lr_batch_scaling", "per_device_train_batch_size", "seed", "data_seed", "processes_per_worker",

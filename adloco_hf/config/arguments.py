@@ -99,6 +99,10 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             2 (n − 1) P bytes over the n workers of the merge, ≤ 3 P of link time. `"point_to_point"`: blocking
             sends in one order, which also hand the first worker's AdamW state to each worker that joins an
             instance; ≈ n P of link time on the survivor's first worker, plus ≈ P per joining worker.
+        merge_payload (`str`, *optional*, defaults to `"float32"`):
+            What an all-reduce merge sends: `"float32"` weights and outer momenta (8 bytes a parameter), or
+            `"compact"`: weights in bfloat16 and the momentum as int8 blocks of `compression_block_size` (about 3
+            bytes a parameter; `instances/payload.py`). Point-to-point merges send float32.
         instance_init (`str`, *optional*, defaults to `"shared"`):
             `"shared"`: all instances start from the same weights; `"independent"`: instance i is re-initialised
             with seed `seed + i`.
@@ -157,9 +161,17 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             The smallest request shrinking may reach (default: `per_device_train_batch_size`).
         batch_size_target (`str`, *optional*, defaults to `"test"`):
             `"test"`: the request is the norm test's; `"noise_scale"`: `noise_scale_multiple` × the estimated
-            noise scale tr Σ / ‖∇F‖² (the norm test's own fixed point is (1 − η²) / η² of it, 0.56 at η = 0.8).
+            noise scale tr Σ / ‖∇F‖² (the norm test's own fixed point is (1 − η²) / η² of it, 0.56 at η = 0.8);
+            `"goodput"`: the request in [`batch_size_floor`, `batch_size_cap`] of the highest goodput, throughput ×
+            statistical efficiency (Pollux): the throughput from the step times the run measures (switch mode's
+            passes included) with the round's outer step spread over its inner steps, the efficiency
+            (B_noise + b₀) / (B_noise + b) from the smoothed noise scale (`batch/goodput.py`). Requests may fall
+            as well as grow; needs `batch_size_cap` and a `batch_size_test` that measures (not `"none"`).
         noise_scale_multiple (`float`, *optional*, defaults to `1.0`):
             See `batch_size_target`.
+        goodput_hysteresis (`float`, *optional*, defaults to `0.05`):
+            `batch_size_target="goodput"` moves a request only when the best one's predicted goodput beats keeping
+            it by this fraction (AdaptDL's users asked for 5 %); in [0, 1).
         merge_batch_rule (`str`, *optional*, defaults to `"preserve_total"`):
             `"paper"`: a merged instance keeps its per-worker request while gaining workers (its total grows);
             `"preserve_total"`: every instance keeps its total batch across a merge (per-worker ⌈total / workers⌉),
@@ -316,6 +328,7 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             "merge_every",
             "merge_policy",
             "merge_transport",
+            "merge_payload",
             "instance_init",
             "eval_merged_model",
             "batch_size_test",
@@ -332,6 +345,7 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             "batch_size_floor",
             "batch_size_target",
             "noise_scale_multiple",
+            "goodput_hysteresis",
             "merge_batch_rule",
             "inner_steps_rule",
             "max_inner_steps",

@@ -19,6 +19,7 @@ from .fields import GROUPS
 __all__ = [
     "check_adloco",
     "check_fragments",
+    "check_goodput",
     "check_inner_steps_rule",
     "check_processes_per_worker",
     "check_schedule",
@@ -82,6 +83,7 @@ def check_adloco(config: TrainingArguments) -> None:
         raise ValueError(f"batch_size_floor={config.batch_size_floor}: set an integer >= 1, or None.")
     if not config.noise_scale_multiple > 0:
         raise ValueError(f"noise_scale_multiple={config.noise_scale_multiple}: set a value > 0 (e.g. 1.0).")
+    check_goodput(config)
     check_inner_steps_rule(config)
     check_fragments(config)
     if config.num_instances < 1:
@@ -129,6 +131,27 @@ def check_adloco(config: TrainingArguments) -> None:
         raise ValueError(
             "load_best_model_at_end=True is not supported: the final model is the merge of the instances. "
             "Set it to False and pick a checkpoint from the eval logs if needed."
+        )
+
+
+def check_goodput(config: TrainingArguments) -> None:
+    """`batch_size_target="goodput"` reads the noise scale the statistics measure and chooses within bounds."""
+    if not 0 <= config.goodput_hysteresis < 1:
+        raise ValueError(
+            f"goodput_hysteresis={config.goodput_hysteresis}: set a value in [0, 1) (0.05: a request changes only "
+            "for a predicted gain of 5 %)."
+        )
+    if config.batch_size_target != "goodput":
+        return
+    if config.batch_size_test == "none":
+        raise ValueError(
+            "batch_size_target='goodput' weighs each request by the noise scale that the gradient statistics "
+            "measure, which batch_size_test='none' turns off; set batch_size_test='norm'."
+        )
+    if config.batch_size_cap is None:
+        raise ValueError(
+            "batch_size_target='goodput' chooses the request in [batch_size_floor, batch_size_cap]; set "
+            "batch_size_cap (the largest per-worker request it may choose, e.g. 16 × per_device_train_batch_size)."
         )
 
 

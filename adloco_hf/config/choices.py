@@ -10,6 +10,7 @@ __all__ = [
     "INSTANCE_INITS",
     "LR_SCALING_RULES",
     "MERGE_BATCH_RULES",
+    "MERGE_PAYLOADS",
     "MERGE_POLICIES",
     "MERGE_TRANSPORTS",
     "NOISE_PRECONDITIONERS",
@@ -26,12 +27,13 @@ INNER_STEPS_RULES = ("fixed", "outer_noise")
 INSTANCE_INITS = ("shared", "independent")
 MERGE_POLICIES = ("smallest_pair", "largest_smallest")
 MERGE_TRANSPORTS = ("all_reduce", "point_to_point")
+MERGE_PAYLOADS = ("float32", "compact")
 MERGE_BATCH_RULES = ("preserve_total", "paper")
 WORKER_PARALLELISMS = ("ddp", "fsdp")
 
 # The batch: its test, the controller that moves the request, the learning rate that follows it
 BATCH_SIZE_TESTS = ("norm", "inner_product", "augmented_inner_product", "none")
-BATCH_SIZE_TARGETS = ("test", "noise_scale")
+BATCH_SIZE_TARGETS = ("test", "noise_scale", "goodput")
 NONPOSITIVE_SIGNAL = ("keep", "clamp")
 NOISE_PRECONDITIONERS = ("none", "adam")
 LR_SCALING_RULES = ("none", "sqrt", "sqrt_adam", "linear")

@@ -15,6 +15,7 @@ from .choices import (
     INSTANCE_INITS,
     LR_SCALING_RULES,
     MERGE_BATCH_RULES,
+    MERGE_PAYLOADS,
     MERGE_POLICIES,
     MERGE_TRANSPORTS,
     NOISE_PRECONDITIONERS,
@@ -93,6 +94,14 @@ class InstanceFields:
             "choices": list(MERGE_TRANSPORTS),
         },
     )
+    merge_payload: str = field(
+        default="float32",
+        metadata={
+            "help": "What an all-reduce merge sends: float32 weights and outer momentum, or compact (bfloat16 weights, "
+            "int8 blocks of the momentum: about 3 bytes a parameter instead of 8).",
+            "choices": list(MERGE_PAYLOADS),
+        },
+    )
     instance_init: str = field(
         default="shared",
         metadata={
@@ -158,15 +167,23 @@ class BatchFields:
     )
     batch_size_shrink: bool = field(default=False, metadata={"help": "Let requests fall (with hysteresis)."})
     shrink_hysteresis: float = field(default=0.5, metadata={"help": "Shrink only below this fraction of the request."})
-    batch_size_floor: int | None = field(default=None, metadata={"help": "Smallest request when shrinking."})
+    batch_size_floor: int | None = field(
+        default=None,
+        metadata={"help": "Smallest request when shrinking, and of the goodput rule (default: the initial one)."},
+    )
     batch_size_target: str = field(
         default="test",
         metadata={
-            "help": "The norm test's request or a multiple of the noise scale.",
+            "help": "The norm test's request, a multiple of the noise scale, or the request of the highest goodput "
+            "(throughput measured on the run, the round's communication included, × statistical efficiency).",
             "choices": list(BATCH_SIZE_TARGETS),
         },
     )
     noise_scale_multiple: float = field(default=1.0, metadata={"help": "Target = this × the noise scale."})
+    goodput_hysteresis: float = field(
+        default=0.05,
+        metadata={"help": "batch_size_target='goodput' changes a request only when its predicted goodput gains this."},
+    )
     merge_batch_rule: str = field(
         default="preserve_total",
         metadata={"help": "Per-worker request after a merge.", "choices": list(MERGE_BATCH_RULES)},

@@ -1,7 +1,8 @@
 """Carrying out merges: the weighted average, redistribution, and the final merge.
 
 Two transports (`AdLoCoConfig.merge_transport`), with P the payload of one instance state: φ and the outer momentum
-in float32, 8 bytes per trainable parameter (4 without momentum):
+in float32, 8 bytes per trainable parameter (4 without momentum); with `merge_payload="compact"` the all-reduce
+transport sends φ in bfloat16 and the momentum as int8 blocks instead, P ≈ 3 bytes a parameter (`payload.py`):
 
 - `"all_reduce"` (`all_reduce_merge`): one weighted all-reduce of (φ, momentum) over the workers of both merging
   instances (`messages.plan_collectives`), a broadcast of its instance's state to each worker that moves to another
@@ -22,12 +23,10 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from ..common.distributed import (
     ProcessGroupCache,
     broadcast_tensors,
-    comm_device,
     is_distributed,
     recv_object_tensors,
     recv_tensor,
@@ -36,8 +35,9 @@ from ..common.distributed import (
 )
 from ..common.layout import WorkerLayout
 from ..config.choices import MERGE_TRANSPORTS
-from ..outer.step import GlobalModel, ring_all_reduce_bytes
+from ..outer.step import GlobalModel
 from .messages import MergeCollectives, Transfer, plan_collectives, plan_transfers
+from .payload import Float32Payload, all_reduce_share, broadcast_state, merge_payload
 from .table import Instance, MergePlan, final_merge_weights, instance_of
 
 
@@ -175,21 +175,6 @@ def execute_merge(
     return MergeOutcome(sent, saved_phi, changed_instance=inner_state is not None)
 
 
-def all_reduce_share(payload_bytes: int, members: tuple[int, ...], rank: int) -> int:
-    """This member's share of a ring all-reduce's bytes (`outer.ring_all_reduce_bytes`): 2 (n − 1) / n of the
-    payload, split so that the members' shares add up to the ring total exactly."""
-    total, n = ring_all_reduce_bytes(payload_bytes, len(members)), len(members)
-    index = members.index(rank)
-    return total // n + (1 if index < total % n else 0)
-
-
-def _weighted(tensor: torch.Tensor, weight: float, device: torch.device) -> torch.Tensor:
-    """weight × tensor, a new float32 tensor on `device` (zeros for weight 0: a non-finite value must not leak)."""
-    if weight == 0:
-        return torch.zeros(tensor.shape, dtype=torch.float32, device=device)
-    return tensor.to(device, torch.float32).mul(weight)
-
-
 @torch.no_grad()
 def all_reduce_merge(
     plan: MergePlan,
@@ -202,6 +187,7 @@ def all_reduce_merge(
     group=None,
     layout: WorkerLayout | None = None,
     local_rank: int = 0,
+    payload=None,
 ) -> MergeOutcome:
     """Run this rank's part of `collectives` (`merge_transport="all_reduce"`, module docstring).
 
@@ -219,43 +205,52 @@ def all_reduce_merge(
         groups: a `distributed.ProcessGroupCache` (the worker's: groups are kept for the run).
         group: the group of the save message (a group of the whole world; the default group when None).
         layout, local_rank: as in `execute_merge` (each local rank runs the collectives over its own ranks).
+        payload: what travels, `instances/payload.py` (`merge_payload`): float32 (None) or compact.
     """
+    payload = payload or Float32Payload()
     peer = _peers(layout, local_rank)
     phi = global_model.phi.detach()
     momentum = global_model.momentum if with_momentum else None
     if with_momentum and momentum is None:
         momentum = torch.zeros_like(phi)  # SGD's first step treats a zero buffer exactly like a missing one
     state = [phi] if momentum is None else [phi, momentum]
-    payload = sum(t.numel() * 4 for t in state)  # float32 on the wire
-    on = comm_device(phi.device)
     local_ranks = range(1 if layout is None else layout.processes_per_worker)
     for ranks in collectives.groups:  # every rank, in the same order: new_group is collective
         for local in local_ranks:
             groups.get(_local_groups(layout, local, ranks))
     sent = 0
     merged = incoming = saved_phi = None
+    before = instance_of(list(plan.before), rank)
     if rank in collectives.members:
-        weight = collectives.weights[rank]
-        merged = [_weighted(t, weight, on) for t in state]
         members_group = groups.get(_local_groups(layout, local_rank, collectives.members))
-        for tensor in merged:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=members_group)
-        sent += all_reduce_share(payload, collectives.members, rank)
+        weight = collectives.weights[rank]
+        merged, share = payload.all_reduce(state, weight, members_group, collectives.members, rank)
+        sent += share
     for broadcast in collectives.broadcasts:
+        if rank in before.workers and broadcast.instance == before.id:
+            kept = payload.exact(state)  # what the joining workers decode: every holder keeps the same
+            if kept is not None and merged is None:
+                incoming = kept
         if rank not in broadcast.ranks:
             continue
         broadcast_group = groups.get(_local_groups(layout, local_rank, broadcast.ranks))
-        if rank == broadcast.src:
-            broadcast_tensors(state, src=peer(broadcast.src), group=broadcast_group)  # the source only reads
-            sent += (len(broadcast.ranks) - 1) * payload
-        else:
-            incoming = [torch.empty(phi.shape, dtype=torch.float32, device=on) for _ in state]
-            broadcast_tensors(incoming, src=peer(broadcast.src), group=broadcast_group)
+        received, per_receiver = broadcast_state(
+            payload,
+            state,
+            src=peer(broadcast.src),
+            group=broadcast_group,
+            is_src=rank == broadcast.src,
+            like=phi,
+            with_momentum=with_momentum,
+        )
+        sent += (len(broadcast.ranks) - 1) * per_receiver
+        if received is not None:
+            incoming = received
     if collectives.save_src is not None:
         if rank == collectives.save_src:
-            sent += send_tensor(merged[0], peer(collectives.writer), group)
+            sent += payload.send_saved(merged[0], peer(collectives.writer), group)
         elif rank == collectives.writer:
-            saved_phi = recv_tensor(phi, peer(collectives.save_src), group)
+            saved_phi = payload.recv_saved(phi, peer(collectives.save_src), group)
     now = instance_of(list(plan.after), rank).id
     new_state = merged if now == plan.survivor else incoming
     if new_state is not None:
@@ -263,7 +258,7 @@ def all_reduce_merge(
         global_model.copy_to_params()
     if saved_phi is None and merged is not None:
         saved_phi = global_model.phi.detach() if now == plan.survivor else merged[0].to(phi.device)
-    changed = instance_of(list(plan.before), rank).id != now
+    changed = before.id != now
     return MergeOutcome(sent, saved_phi, changed_instance=changed)
 
 
@@ -330,6 +325,8 @@ def merge_at_round_end(
     global_rank: int | None = None,
     gather=None,
     before: tuple[int, float] = (0, 0.0),
+    payload: str = "float32",
+    block_size: int = 256,
 ) -> tuple[MergeResult, bool]:
     """Carry out a round's merge on this rank, bounded by the monitor's `worker_timeout`; returns what every rank
     reports of it (bytes, seconds, the merged φ on global rank 0 when merges are saved) and whether this worker
@@ -341,7 +338,9 @@ def merge_at_round_end(
     every local rank carries the merge out over its own ranks (`layout`, `local_rank`). `gather` (sharded workers,
     worker_parallelism="fsdp"): turns worker 0's shards of the merged φ into what rank 0 saves, collective over
     worker 0's processes. `before`: the bytes this rank sent and the seconds it spent just before, as part of the
-    merge (Streaming DiLoCo's sync of every fragment), counted in the merge's."""
+    merge (Streaming DiLoCo's sync of every fragment), counted in the merge's. `payload` (`merge_payload`:
+    "float32" or "compact", int8 blocks of `block_size` for the momentum) is what the all-reduce transport
+    sends; point-to-point merges send float32."""
     if transport not in MERGE_TRANSPORTS:
         raise ValueError(f"merge_transport={transport!r}: choose one of {list(MERGE_TRANSPORTS)}")
     if transport == "all_reduce" and groups is None:  # groups of this merge only, bounded by worker_timeout
@@ -359,6 +358,7 @@ def merge_at_round_end(
                 group=monitor.message_group,
                 layout=layout,
                 local_rank=local_rank,
+                payload=merge_payload(payload, block_size=block_size),
             )
         else:
             outcome = execute_merge(

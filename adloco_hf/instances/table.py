@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ..batch.controller import NoiseEstimate
+from ..batch.throughput import ThroughputProfile
 from ..config.choices import MERGE_BATCH_RULES
 
 
@@ -53,6 +54,8 @@ class Instance:
         noise: the moving averages of its gradient statistics (`batch_controller.NoiseEstimate`).
         shares: with `worker_batch_split="speed"`, each worker's samples per inner step (in `workers` order), the
             instance's total split by speed (`batch/worker_split.py`); empty: every worker runs the request.
+        throughput: the moving averages of its measured step and round costs (`batch/throughput.py`; kept with
+            `batch_size_target="goodput"` only, empty otherwise).
     """
 
     id: int
@@ -64,6 +67,7 @@ class Instance:
     trained: bool = False
     noise: NoiseEstimate = field(default_factory=NoiseEstimate)
     shares: tuple[int, ...] = ()
+    throughput: ThroughputProfile = field(default_factory=ThroughputProfile)
 
     def __post_init__(self):
         if not self.workers:
@@ -84,14 +88,23 @@ class Instance:
     def with_batch_size(self, batch_size: int) -> "Instance":
         return replace(self, batch_size=batch_size, demand=float(batch_size * len(self.workers)))
 
-    def after_round(self, batch_size: int, *, skipped: bool, noise: NoiseEstimate | None = None) -> "Instance":
-        """The row after a round that was (or was not) skipped, with the next request (and statistics' averages)."""
+    def after_round(
+        self,
+        batch_size: int,
+        *,
+        skipped: bool,
+        noise: NoiseEstimate | None = None,
+        throughput: ThroughputProfile | None = None,
+    ) -> "Instance":
+        """The row after a round that was (or was not) skipped, with the next request (and the averages of its
+        statistics and step costs)."""
         return replace(
             self.with_batch_size(batch_size),
             skipped_in_a_row=self.skipped_in_a_row + 1 if skipped else 0,
             rounds_since_merge=self.rounds_since_merge + 1,
             trained=self.trained or not skipped,
             noise=self.noise if noise is None else noise,
+            throughput=self.throughput if throughput is None else throughput,
         )
 
     def split(self, used: int) -> tuple[int, ...]:
@@ -110,15 +123,17 @@ class Instance:
         """The row a checkpoint stores (`from_row` reads it back)."""
         row = [self.id, self.batch_size, self.demand, list(self.workers)]
         row += [self.skipped_in_a_row, self.rounds_since_merge, self.trained, self.noise.to_list()]
+        row += [self.throughput.to_list()]
         return row + [list(self.shares)] if self.shares else row
 
     @classmethod
     def from_row(cls, row: list) -> "Instance":
-        """A checkpoint's row; one written before the skip counts existed reads as trained, with none skipped, and
-        one without shares (an equal split, or written before shares existed) with none."""
+        """A checkpoint's row; one written before the skip counts existed reads as trained, with none skipped, one
+        written before the step costs were kept with an empty profile, and one without shares (an equal split, or
+        written before shares existed) with none."""
         instance_id, batch_size, demand, workers, *health = row
         skipped, since_merge, trained, *noise = health or (0, 0, True)
-        shares = tuple(int(x) for x in noise[1]) if len(noise) > 1 else ()
+        shares = tuple(int(x) for x in noise[2]) if len(noise) > 2 else ()
         return cls(
             instance_id,
             tuple(workers),
@@ -128,7 +143,8 @@ class Instance:
             int(since_merge),
             bool(trained),
             NoiseEstimate.from_list(noise[0] if noise else None),
-            shares,
+            shares=shares,
+            throughput=ThroughputProfile.from_list(noise[1] if len(noise) > 1 else None),
         )
 
 
@@ -286,6 +302,7 @@ def plan_merge(
         skipped_in_a_row=survivor.skipped_in_a_row,
         trained=survivor.trained or merged.trained,
         noise=NoiseEstimate.combine(survivor.noise, merged.noise, weights),
+        throughput=ThroughputProfile.combine(survivor.throughput, merged.throughput, weights),
     )
     remaining = [combined if inst.id == survivor.id else inst for inst in instances if inst.id != merged.id]
     # The survivor's own workers stay first: the merged-away instance's workers change instance anyway.

@@ -2,7 +2,8 @@
 
 Global rank 0 writes one line per instance per round to `adloco_rounds.jsonl` and one line per evaluation to
 `adloco_eval.jsonl` in the run's `output_dir` (`adloco_hf.reporting.run_log`, DESIGN §4). `plot_run` draws them: requested
-batch size per worker, number of instances, losses, and bytes communicated. It only reads the files, so it works
+batch size per worker, number of instances (and, with `batch_size_target="goodput"`, the goodput each round's choice
+was predicted to give, against keeping the batch), losses, and bytes communicated. It only reads the files, so it works
 on a finished run, on one still training, and on one that crashed in the middle of writing a line. The summary
 table printed beside the figure is `adloco_hf.reporting.report`'s.
 
@@ -27,7 +28,7 @@ from .run_log import MERGED, group_by_round, is_finite_number, load_evals, load_
 
 PLOT_FILE = "adloco_run.png"
 
-__all__ = ["PLOT_FILE", "plot_run"]
+__all__ = ["PLOT_FILE", "goodput_series", "plot_run"]
 
 
 def _round_tokens(by_round: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
@@ -40,11 +41,29 @@ def _round_tokens(by_round: dict[int, list[dict[str, Any]]]) -> dict[int, float]
     return tokens
 
 
+def goodput_series(
+    per_instance: dict[int, list[dict[str, Any]]], tokens: dict[int, float]
+) -> dict[int, tuple[list[float], list[float], list[float]]]:
+    """Instance → (tokens at each round's end, predicted goodput of the request chosen there, of keeping the old one),
+    for the rounds whose line has them (`batch_size_target="goodput"`); instances without any are left out."""
+    series = {}
+    for instance, records in per_instance.items():
+        points = [
+            (tokens[r["outer_step"]], r["goodput"], r["goodput_kept"])
+            for r in records
+            if is_finite_number(r.get("goodput")) and is_finite_number(r.get("goodput_kept"))
+        ]
+        if points:
+            series[instance] = tuple(list(column) for column in zip(*points))
+    return series
+
+
 def plot_run(output_dir: str | os.PathLike, path: str | os.PathLike | None = None) -> str:
     """Draw a run's 2×2 overview over tokens seen and save it as a PNG.
 
     Panels: (a) requested batch size per worker of each instance, with merges marked; (b) number of
-    instances; (c) train loss per instance (lines) and eval loss per instance and of the merged model
+    instances, and with `batch_size_target="goodput"` the predicted goodput of each choice (solid) and of keeping the
+    batch (dotted) on a second axis; (c) train loss per instance (lines) and eval loss per instance and of the merged model
     (markers); (d) cumulative bytes communicated by all workers.
 
     Args:
@@ -119,6 +138,15 @@ def plot_run(output_dir: str | os.PathLike, path: str | os.PathLike | None = Non
     ax_count.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax_count.set_title("(b) number of instances")
     ax_count.set_ylabel("instances")
+    goodput = goodput_series(per_instance, tokens)
+    if goodput:
+        ax_good = ax_count.twinx()
+        for instance, (xs, chosen, kept) in goodput.items():
+            ax_good.plot(xs, chosen, "-", marker=".", color=color[instance], lw=1.5)
+            ax_good.plot(xs, kept, ":", color=color[instance], lw=1.5)
+        ax_good.set_ylabel("predicted goodput (samples/s at the initial batch's worth)")
+        ax_good.set_ylim(bottom=0)
+        ax_count.set_title("(b) number of instances (black); predicted goodput: chosen (solid), kept (dotted)")
 
     # (c) NaN losses become gaps in the lines instead of breaking the axis limits.
     any_loss = False

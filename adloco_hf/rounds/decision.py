@@ -9,10 +9,12 @@ and the `RoundLine` that `adloco_rounds.jsonl` records for every instance.
 import math
 from dataclasses import dataclass, field, replace
 
-from ..batch.controller import next_request
+from ..batch.controller import NoiseEstimate, next_request
+from ..batch.goodput import GoodputChoice, GoodputModel, choose_request
 from ..batch.lr_scaling import lr_factor
 from ..batch.size_tests import PooledStatistics, pool_statistics
 from ..batch.switch_mode import plan_batch
+from ..batch.throughput import ThroughputProfile
 from ..batch.worker_split import plan_worker_split, resize_split
 from ..instances.health import merge_warnings, skipped_rounds_failure
 from ..instances.table import Instance, MergePlan, merge_is_due, plan_merge
@@ -121,20 +123,32 @@ def decide_round(
     lines, decided = {}, []
     controller = rules.controller
     g = rules.processes_per_worker
+    goodput = controller.target == "goodput"
     for inst in instances:
         members = [reports[w * g + local] for w in inst.workers for local in range(g)]
         pooled = pool_statistics([m.stats for m in members])
-        next_batch, estimate = inst.batch_size, inst.noise
+        next_batch, estimate, choice = inst.batch_size, inst.noise, None
+        throughput = _measured_costs(inst.throughput, members, controller.smoothing) if goodput else None
+        steps = inner_steps or max(m.loss_steps for m in members)
         if not any(m.skipped for m in members):
             estimate = inst.noise.update(pooled, controller.smoothing)
-            next_batch = next_request(
-                controller, pooled, estimate, current=inst.batch_size, num_workers=len(inst.workers)
-            )
+            if goodput:
+                choice = _goodput_choice(inst, estimate, throughput, rules, inner_steps=steps)
+                next_batch = inst.batch_size if choice is None else choice.request
+            else:
+                next_batch = next_request(
+                    controller, pooled, estimate, current=inst.batch_size, num_workers=len(inst.workers)
+                )
             next_batch = g * math.ceil(next_batch / g)  # each of the worker's processes draws 1/G of it
         line = _line(inst, members, pooled, next_batch, outer_step=outer_step, global_step=global_step, rules=rules)
         scale = estimate.noise_scale
         line.noise_scale = scale if math.isfinite(scale) else None
-        decided.append(inst.after_round(next_batch, skipped=line.skipped, noise=estimate))
+        if goodput:
+            model = throughput.model()
+            line.step_model = None if model is None else model.as_list()
+            if choice is not None:
+                line.goodput, line.goodput_kept = choice.goodput, choice.kept
+        decided.append(inst.after_round(next_batch, skipped=line.skipped, noise=estimate, throughput=throughput))
         line.skipped_in_a_row = decided[-1].skipped_in_a_row
         # One ‖Δ_w‖² per worker (its G processes hold the same Δ).
         line.outer_noise = outer_noise([m.local_sq_norm for m in members[::g]], line.pseudo_grad_norm)
@@ -224,6 +238,40 @@ def plan_shares(instances: list[Instance], reports: list[WorkerReport], rules: R
         )
         planned.append(replace(inst, shares=() if len(set(shares)) == 1 else shares))
     return planned
+
+
+def _measured_costs(profile: ThroughputProfile, members: list[WorkerReport], smoothing: float) -> ThroughputProfile:
+    """The instance's step-cost averages with this round's timings. The outer step's seconds are the fastest
+    process's: the others' include the wait for the last one to arrive at the all-reduce."""
+    outer = [m.outer_seconds for m in members if math.isfinite(m.outer_seconds)]
+    return profile.update([m.timing for m in members], min(outer) if outer else math.nan, smoothing)
+
+
+def _goodput_choice(
+    inst: Instance, estimate: NoiseEstimate, throughput: ThroughputProfile, rules: RoundRules, *, inner_steps: int
+) -> GoodputChoice | None:
+    """`batch_size_target="goodput"`: the next request of `inst` (`batch/goodput.py`), or None (keep it) while there
+    is no positive noise scale or no timing yet."""
+    times, scale = throughput.model(), estimate.noise_scale
+    if times is None or not (math.isfinite(scale) and scale > 0) or inner_steps < 1:
+        return None
+    g, controller = rules.processes_per_worker, rules.controller
+    model = GoodputModel(
+        times=times,
+        noise_scale=scale,
+        inner_steps=inner_steps,
+        workers=len(inst.workers),
+        processes=g,
+        max_batch_size=rules.max_batch_size,
+        switch_threshold=rules.switch_threshold,
+        reference=g * rules.reference_batch_size,
+    )
+    low = g * math.ceil(controller.floor / g)
+    high = max(low, g * (controller.cap // g)) if controller.cap is not None else low
+    choice = choose_request(
+        model, current=inst.batch_size, low=low, high=high, hysteresis=controller.goodput_hysteresis
+    )
+    return choice if math.isfinite(choice.goodput) and math.isfinite(choice.kept) else None
 
 
 def outer_noise(local_sq_norms: list[float], mean_norm: float) -> float | None:

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..batch.size_tests import GradientStatistics
+from ..batch.throughput import RoundTiming
 
 
 __all__ = ["RoundLine", "WorkerReport"]
@@ -29,6 +30,8 @@ class WorkerReport:
     preempt: bool = False  # this worker got SIGTERM/SIGINT, or agreed to stop at this round's end
     local_sq_norm: float = math.nan  # ‖Δ_w‖² of this worker's own pseudo-gradient (nan: not measured)
     step_seconds: float = 0.0  # the round's inner steps on this process, from each step's start to its end
+    # This process's step timings this round (batch_size_target="goodput" only; zeros: not measured).
+    timing: RoundTiming = field(default_factory=RoundTiming)
 
     _SCALARS = (
         "loss_sum",
@@ -47,13 +50,15 @@ class WorkerReport:
 
     def to_row(self) -> list[float]:
         """The flat row of floats the all-gather carries."""
-        return [float(self.instance), *self.stats.as_list(), *(float(getattr(self, k)) for k in self._SCALARS)]
+        scalars = (float(getattr(self, k)) for k in self._SCALARS)
+        return [float(self.instance), *self.stats.as_list(), *scalars, *self.timing.as_list()]
 
     @classmethod
     def from_row(cls, row: list[float]) -> "WorkerReport":
         width = len(GradientStatistics.FIELDS)
         stats = GradientStatistics.from_list(row[1 : 1 + width])
-        values = dict(zip(cls._SCALARS, row[1 + width :]))
+        end = 1 + width + len(cls._SCALARS)
+        values = dict(zip(cls._SCALARS, row[1 + width : end]))
         return cls(
             instance=int(row[0]),
             stats=stats,
@@ -69,6 +74,7 @@ class WorkerReport:
             preempt=bool(values["preempt"]),
             local_sq_norm=values["local_sq_norm"],
             step_seconds=values["step_seconds"],
+            timing=RoundTiming.from_list(row[end:]),
         )
 
 
@@ -108,6 +114,13 @@ class RoundLine:
     num_instances: int = 0
     total_tokens: int = 0
     elapsed_seconds: float = 0.0
+    # batch_size_target="goodput" (left out of the file otherwise): the predicted goodput (samples per second at the
+    # initial batch's worth, `batch/goodput.py`) of `next_batch_size` and of keeping `batch_size`, and the step-time
+    # model they come from, [ω, α, β, C]: seconds per step outside forward/backward, per pass, per sample of a pass,
+    # and of the round's outer step. None while the rule has no noise scale or no timing yet.
+    goodput: float | None = None
+    goodput_kept: float | None = None
+    step_model: list[float] | None = None
     # G > 1 only (left out of the file for G = 1): the processes of each worker; `micro_batch_size` is a process's.
     processes_per_worker: int = 1
     processes: list[int] | None = None
@@ -130,8 +143,9 @@ class RoundLine:
 
     def to_json(self) -> dict[str, Any]:
         line = asdict(self)
-        if line["merge_bytes"] is None:
-            del line["merge_bytes"]
+        for key in ("merge_bytes", "goodput", "goodput_kept", "step_model"):
+            if line[key] is None:
+                del line[key]
         if self.processes_per_worker == 1:
             del line["processes_per_worker"], line["processes"], line["process_payload_bytes"]
         return line

@@ -63,6 +63,7 @@ class RoundRules:
             floor=args.batch_size_floor or g * args.per_device_train_batch_size,
             target=args.batch_size_target,
             noise_scale_multiple=args.noise_scale_multiple,
+            goodput_hysteresis=args.goodput_hysteresis,
         )
         return cls(
             controller=controller,

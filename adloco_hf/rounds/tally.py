@@ -4,13 +4,14 @@ Kept apart from the worker so a checkpoint written inside a round (preemption) c
 weights, and the resumed run can finish the round as if it had never stopped.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from ..batch.grad_stats import GradientStatisticsCollector
 from ..batch.size_tests import GradientStatistics
+from ..batch.throughput import RoundTiming
 
 
 __all__ = ["RoundTally"]
@@ -26,6 +27,7 @@ class RoundTally:
     tokens: torch.Tensor | int = 0
     stats: GradientStatistics | None = None
     seconds: float = 0.0  # the inner steps' time (`Worker.step_trained`): the worker's speed for the next split
+    timing: RoundTiming = field(default_factory=RoundTiming)  # batch_size_target="goodput" only
 
     def add_step(self, loss: torch.Tensor, samples: int, tokens: torch.Tensor | int) -> None:
         """Add one inner step (tensors stay on the device: no synchronisation per step)."""
@@ -33,6 +35,30 @@ class RoundTally:
         self.loss_steps += 1
         self.samples += samples
         self.tokens = self.tokens + tokens
+
+    def add_passes(self, seconds: float, chunk_sizes: tuple[int, ...], *, split: bool) -> None:
+        """A step's forward/backward passes took `seconds` (`split`: the statistics step's halves)."""
+        t = self.timing
+        if split:
+            self.timing = replace(
+                t,
+                split_seconds=t.split_seconds + seconds,
+                split_passes=t.split_passes + len(chunk_sizes),
+                split_samples=t.split_samples + sum(chunk_sizes),
+            )
+        else:
+            self.timing = replace(
+                t,
+                pass_seconds=t.pass_seconds + seconds,
+                passes=t.passes + len(chunk_sizes),
+                pass_samples=t.pass_samples + sum(chunk_sizes),
+            )
+
+    def add_step_rest(self, seconds: float) -> None:
+        """A step spent `seconds` outside forward/backward (clipping, optimizer, scheduler, zeroing)."""
+        self.timing = replace(
+            self.timing, step_seconds=self.timing.step_seconds + seconds, steps=self.timing.steps + 1
+        )
 
     def state_dict(self, params: list[torch.Tensor], collector: GradientStatisticsCollector) -> dict[str, Any] | None:
         """The round so far with this worker's weights `params`, or None at a round's end (nothing to carry)."""
@@ -47,6 +73,7 @@ class RoundTally:
             "stats": None if self.stats is None else self.stats.as_list(),
             "seconds": self.seconds,
             "collector": collector.state_dict(),
+            "timing": self.timing.as_list(),
         }
 
     @classmethod
@@ -60,4 +87,5 @@ class RoundTally:
         collector.load_state_dict(saved["collector"])
         stats = None if saved["stats"] is None else GradientStatistics.from_list(saved["stats"])
         seconds = float(saved.get("seconds", 0.0))
-        return cls(saved["loss_sum"], saved["loss_steps"], saved["samples"], saved["tokens"], stats, seconds)
+        timing = RoundTiming.from_list(saved["timing"]) if saved.get("timing") else RoundTiming()
+        return cls(saved["loss_sum"], saved["loss_steps"], saved["samples"], saved["tokens"], stats, seconds, timing)

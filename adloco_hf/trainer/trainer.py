@@ -98,8 +98,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         self._preempted_at: int | None = None
         self.train_sampler: AdaptiveBatchSampler | AdaptiveStreamSampler | None = None
         self._train_loader: DataLoader | None = None
-        # Right after DefaultFlowCallback, before reporting and user callbacks: at a round's end they then see the
-        # synchronised weights and the round's totals.
+        # Right after DefaultFlowCallback, before reporting and user callbacks (they see a round's synchronised weights).
         events = AdLoCoCallback(
             start=self._start_rounds,
             optimizer_step=self.worker.step_trained,
@@ -135,6 +134,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         )
 
     def _maybe_end_round(self) -> None:
+        self.worker.close_step()  # the step's optimizer has run: the end of its timing (batch_size_target="goodput")
         step = self.state.global_step
         # The sampler never runs out: an epoch is max_steps steps, from the resumed step (as an uninterrupted run logs).
         self.state.epoch = step / self.state.max_steps

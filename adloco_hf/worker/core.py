@@ -96,7 +96,7 @@ class Worker(WorkerStart, InnerSteps, RoundEnd, WorkerResume):
         self.final_merged = False
         self.totals = RunTotals()
         self._tally = RoundTally()
-        self._step_started: float | None = None  # perf_counter() at the current inner step's start
+        self._speed_started: float | None = None  # perf_counter() at the current inner step's start (its speed)
         self._rules: RoundRules | None = None
         self._rules_inputs: tuple[int | None, int | None] | None = (
             None  # (max_batch_size, shard_size) it was built for
@@ -109,6 +109,10 @@ class Worker(WorkerStart, InnerSteps, RoundEnd, WorkerResume):
         self._base_adam: list[dict] = []  # the groups' betas, eps, weight_decay before 'sqrt_adam'
         self._model = self._optimizer = self._scheduler = self._sampler = self._scaler = None
         self.max_steps = 0  # the Trainer's, set by `start`: the last round may end early
+        # The step timings of batch_size_target="goodput" (`steps.py`): the clock, and where the current step is.
+        self.clock = time.perf_counter
+        self._step_started: float | None = None
+        self._passes_done: float | None = None
 
     # ---- where this process sits, and its groups ----
     @property

@@ -69,7 +69,7 @@ class RoundEnd:
     def _outer_step(self, global_step: int) -> WorkerReport:
         """The outer step inside this worker's instance, and the round as this process reports it."""
         inst = self.instance
-        started = time.perf_counter()
+        started = self.clock()
         group = self.outer_groups.get(self.process_groups.cross(inst.workers))
         if self.global_model.streaming is not None:
             result = self._fragments_round_end(global_step, group, len(inst.workers))
@@ -91,11 +91,12 @@ class RoundEnd:
             pseudo_grad_norm=result.pseudo_grad_norm,
             payload_bytes=result.payload_bytes,
             comm_seconds=result.seconds,
-            outer_seconds=time.perf_counter() - started,
+            outer_seconds=self.clock() - started,
             skipped=result.skipped,
             preempt=self.preemption.requested,
             local_sq_norm=result.local_sq_norm,
             step_seconds=tally.seconds,
+            timing=tally.timing,
         )
 
     def _fragments_round_end(self, global_step: int, group, num_workers: int) -> OuterStepResult:
@@ -159,6 +160,8 @@ class RoundEnd:
             monitor=self.monitor,
             hint=self.resume_hint,
             transport=self.settings.merge_transport,
+            payload=self.settings.merge_payload,
+            block_size=self.settings.outer.compression_block_size,
             groups=self.groups,  # every rank creates the merge's groups here, in the same order
             layout=self.layout,
             local_rank=self.local_rank,

@@ -25,6 +25,7 @@ class StepSettings:
     noise_preconditioner: str  # "adam": statistics in Adam's metric
     lr_batch_scaling: str
     switch_threshold: float  # γ of switch mode
+    time_steps: bool = False  # batch_size_target="goodput": time every step's passes for the throughput model
 
     @classmethod
     def from_args(cls, args) -> "StepSettings":
@@ -34,6 +35,7 @@ class StepSettings:
             noise_preconditioner=args.noise_preconditioner,
             lr_batch_scaling=args.lr_batch_scaling,
             switch_threshold=args.switch_threshold,
+            time_steps=args.batch_size_target == "goodput",
         )
 
 
@@ -67,6 +69,7 @@ class WorkerSettings:
     # merges
     save_merges: bool
     merge_transport: str
+    merge_payload: str  # "float32" or "compact" (`instances/payload.py`)
     steps: StepSettings
     outer: OuterSettings
 
@@ -95,6 +98,7 @@ class WorkerSettings:
             memory_fraction=args.memory_fraction,
             save_merges=args.save_merges,
             merge_transport=args.merge_transport,
+            merge_payload=args.merge_payload,
             steps=StepSettings.from_args(args),
             outer=OuterSettings.from_args(args),
         )

@@ -2,7 +2,9 @@
 
 The Trainer asks before every inner step how to run it (`plan_step`: switch mode's micro-batches and where the
 step's gradient statistics come from) and hands its loss, samples and tokens back after it (`finish_step`); the
-round's tally collects them for the round's end.
+round's tally collects them for the round's end. With `batch_size_target="goodput"` the tally also collects how long
+the step's forward/backward passes took (`plan_step` to `finish_step`) and the rest of the step (to `close_step`,
+after the optimizer step): the goodput rule's throughput model (`batch/throughput.py`).
 """
 
 import time
@@ -95,7 +97,9 @@ class InnerSteps:
         if self._rng_to_restore is not None:
             set_rng_state(self._rng_to_restore)  # the first step after a resume draws what the saved run would have
             self._rng_to_restore = None
-        self._step_started = time.perf_counter()
+        self._speed_started = time.perf_counter()
+        if self.settings.steps.time_steps:
+            self._step_started, self._passes_done = self._now(), None
         return plan_step(
             batch,
             self.plan,
@@ -109,9 +113,9 @@ class InnerSteps:
         """The inner step's optimizer step is done: its time since `plan_step` (forward, backward, the optimizer
         step; not the data loading nor the callbacks of the step's end, which may wait for other workers) counts
         towards this worker's speed in the round (`WorkerReport.step_seconds`)."""
-        if self._step_started is not None:
-            self._tally.seconds += time.perf_counter() - self._step_started
-            self._step_started = None
+        if self._speed_started is not None:
+            self._tally.seconds += time.perf_counter() - self._speed_started
+            self._speed_started = None
 
     def local_gradient_step(self, step: int) -> bool:
         """Whether the inner step about to start (0-based `step`) must keep this process's own gradient until
@@ -144,6 +148,12 @@ class InnerSteps:
 
     def finish_step(self, plan: StepPlan, loss: torch.Tensor, samples: int, tokens: torch.Tensor | int) -> None:
         """Close a step: its statistics (if it measured any), and its loss, samples and tokens for the round."""
+        if self.settings.steps.time_steps and self._step_started is not None:
+            self._passes_done = self._now()
+            # The statistics step of a plan that does not accumulate ran its batch as two halves: another pass size.
+            split = plan.statistics is Statistics.SPLIT and plan.accumulates and not self.plan.accumulates
+            self._tally.add_passes(self._passes_done - self._step_started, plan.chunk_sizes, split=split)
+            self._step_started = None
         if plan.statistics is not Statistics.NONE or plan.remember_gradient:
             scale = self._loss_scale()
             root = self._root_preconditioner() if plan.statistics is not Statistics.NONE else None
@@ -158,6 +168,20 @@ class InnerSteps:
             if plan.remember_gradient:
                 self.collector.remember(loss_scale=scale)
         self._tally.add_step(loss, samples, tokens)
+
+    def close_step(self) -> None:
+        """The inner step has ended (after its optimizer step): with `batch_size_target="goodput"`, the seconds since
+        its passes ended count as the step's own cost (ω of the throughput model)."""
+        if self.settings.steps.time_steps and self._passes_done is not None:
+            self._tally.add_step_rest(self._now() - self._passes_done)
+            self._passes_done = None
+
+    def _now(self) -> float:
+        """The step timings' clock; on CUDA once the kernels queued so far have run (the host runs ahead of the
+        device otherwise, and a pass would be charged to whichever later call waits for it)."""
+        if self.settings.device.type == "cuda":
+            torch.cuda.synchronize(self.settings.device)
+        return self.clock()
 
     @property
     def round_statistics(self) -> GradientStatistics | None:

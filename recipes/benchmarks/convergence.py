@@ -106,6 +106,15 @@ SLOW_ONE = {"workers": [3], "cores": 0.25}
 # the round of 25), each average applied τ = H // P inner steps after its send ("max": the longest overlap that keeps
 # one average in flight, resolved per run from the round's H by the worker), mixed with the local weights by α = 0.5.
 STREAMING = {"num_fragments": 5, "fragment_sync_delay": "max", "fragment_update_alpha": 0.5}
+# Issue 25's methods (below): a micro-batch of 16; the goodput rule with the square-root learning rate and compact
+# merges (bf16 weights, int8 momentum blocks).
+FIXED_BATCH = {"max_batch_size": 16}
+GOODPUT = {
+    "max_batch_size": 16,
+    "batch_size_target": "goodput",
+    "lr_batch_scaling": "sqrt",
+    "merge_payload": "compact",
+}
 METHODS: dict[str, dict] = {
     "ddp": {"kind": "ddp"},
     "diloco": {"kind": "adloco", "adloco": dict(DILOCO)},
@@ -251,6 +260,20 @@ METHODS: dict[str, dict] = {
         "adloco": {**ADLOCO, **STREAMING, "pseudo_grad_compression": "int4"},
         "variant_of": "adloco",
     },
+    # Issue 25 (run only when named): DiLoCo at a fixed per-worker batch `batch_size` of 4, 8 or 16, and AdLoCo (and
+    # DiLoCo) with the goodput rule. A micro-batch of 16 fits (max_batch_size 16: the CPU has no memory limit, and
+    # b16 then runs whole); a fixed batch b takes the learning rate × √(b / 4) that lr_batch_scaling="sqrt" gives
+    # the goodput methods at b. The goodput methods train `budget_factor` × the budget, so that the time they take
+    # to reach the fixed batches' final perplexity is measured (ppl@equal still compares at the common tokens).
+    "diloco_b4": {"kind": "adloco", "adloco": {**DILOCO, **FIXED_BATCH}, "batch_size": 4},
+    "diloco_b8": {"kind": "adloco", "adloco": {**DILOCO, **FIXED_BATCH}, "batch_size": 8},
+    "diloco_b16": {"kind": "adloco", "adloco": {**DILOCO, **FIXED_BATCH}, "batch_size": 16},
+    "adloco_goodput": {"kind": "adloco", "adloco": {**ADLOCO, **GOODPUT}, "budget_factor": 1.5},
+    "diloco_goodput": {
+        "kind": "adloco",
+        "adloco": {**DILOCO, **GOODPUT, "batch_size_test": "norm"},
+        "budget_factor": 1.5,
+    },
 }
 # What runs without --methods: the comparison and its ablations (the 9 methods of docs/results.md's tables).
 DEFAULT_METHODS = (
@@ -318,6 +341,8 @@ CPU_BASE = {
         "noise_scale_multiple": 1.0,
         "merge_batch_rule": "preserve_total",
         "merge_transport": "all_reduce",
+        "merge_payload": "float32",
+        "goodput_hysteresis": 0.05,
         "lr_batch_scaling": "none",
         "worker_batch_split": "equal",
         "split_hysteresis": 0.05,
@@ -418,6 +443,12 @@ def method_spec(
     spec.update(method=name, kind=method["kind"], seed=seed, output_dir=os.path.join(output_dir, name, f"seed-{seed}"))
     spec["adloco"] = {**settings["adloco"], **method.get("adloco", {})}
     spec["slow_workers"] = method.get("slow_workers")
+    if "batch_size" in method:  # a fixed batch of its own, at the square-root rule's learning rate for it
+        batch = method["batch_size"]
+        spec["train"]["learning_rate"] *= math.sqrt(batch / settings["train"]["batch_size"])
+        spec["train"]["batch_size"] = batch
+    if "budget_factor" in method:
+        spec["budget_tokens"] = int(settings["budget_tokens"] * method["budget_factor"])
     if "matched_to" in method:
         if matched_batch_size is None:
             raise ValueError(f"{name} takes its batch from {method['matched_to']}'s run of the same seed: run both")

@@ -37,6 +37,7 @@ def test_defaults_are_valid_and_decouple_the_workers(tmp_path):
         (dict(switch_threshold=0.5), "switch_threshold"),
         (dict(merge_policy="random"), "merge_policy"),
         (dict(merge_transport="ring"), "merge_transport"),
+        (dict(merge_payload="fp8"), "merge_payload"),
         (dict(instance_init="zeros"), "instance_init"),
         (dict(batch_size_test="variance"), "batch_size_test"),
         (dict(pseudo_grad_dtype="int8"), "pseudo_grad_dtype"),
@@ -59,6 +60,10 @@ def test_defaults_are_valid_and_decouple_the_workers(tmp_path):
         (dict(save_strategy="epoch"), "save_strategy"),
         (dict(eval_strategy="epoch"), "eval_strategy"),
         (dict(load_best_model_at_end=True, eval_strategy="steps", eval_steps=20), "load_best_model_at_end"),
+        (dict(goodput_hysteresis=1.0), "goodput_hysteresis"),
+        (dict(goodput_hysteresis=-0.1), "goodput_hysteresis"),
+        (dict(batch_size_target="goodput"), "batch_size_cap"),
+        (dict(batch_size_target="goodput", batch_size_cap=64, batch_size_test="none"), "batch_size_test"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, kwargs, field):

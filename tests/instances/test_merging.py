@@ -17,17 +17,14 @@ from distributed_helpers import GROUP_TIMEOUT_S, run_workers
 from adloco_hf.common.distributed import ProcessGroupCache, WorkerMonitor
 from adloco_hf.instances.merges import all_reduce_merge, execute_merge, final_merge, merge_at_round_end
 from adloco_hf.instances.messages import Broadcast, plan_collectives, plan_transfers
-from adloco_hf.instances.table import (
-    Instance,
-    final_merge_weights,
-    instance_of,
-    plan_merge,
-)
+from adloco_hf.instances.payload import CompactPayload, Float32Payload
+from adloco_hf.instances.table import Instance, final_merge_weights, instance_of, plan_merge
 from adloco_hf.outer.step import GlobalModel, ring_all_reduce_bytes
 
 
 WORLD = 4
 NUMEL = 5 * 4 + 4 + 4 * 3 + 3
+COMPACT_BLOCK = 4  # values per int8 scale of the compact payload's momentum
 
 
 def _table(*rows) -> list[Instance]:
@@ -154,6 +151,22 @@ def merging_worker(rank: int, world_size: int) -> dict:
             "merged_phi": None if outcome.merged_phi is None else outcome.merged_phi.clone(),
             "changed_instance": outcome.changed_instance,
             "world_size": dist.get_world_size(),
+        }
+    # merge_payload="compact": φ in bfloat16, the momentum as int8 blocks (of 4 values here: several per tensor).
+    for case, (instances, momentum, fresh) in MERGES.items():
+        plan = plan_merge(instances, policy="smallest_pair", num_workers=world_size)
+        _, gm, inner = _worker_state(rank, instances, case, momentum=momentum, fresh=fresh)
+        before = _snapshot(gm, inner)
+        outcome = all_reduce_merge(
+            plan, plan_collectives(plan), rank=rank, global_model=gm, with_momentum=momentum, groups=groups,
+            payload=CompactPayload(block_size=COMPACT_BLOCK),
+        )  # fmt: skip
+        out[f"compact/{case}"] = {
+            "before": before,
+            "after": _snapshot(gm, inner),
+            "sent_bytes": outcome.sent_bytes,
+            "merged_phi": None if outcome.merged_phi is None else outcome.merged_phi.clone(),
+            "changed_instance": outcome.changed_instance,
         }
     # As the worker calls it at a round's end (the monitor's deadline, every rank's bytes, the φ to save).
     monitor = WorkerMonitor(GROUP_TIMEOUT_S)
@@ -474,3 +487,86 @@ def test_a_round_ends_merge_reports_every_ranks_bytes_and_the_phi_to_save(runs, 
     assert _close(records[0]["phi"], direct[0]["merged_phi"].double())
     assert all(r["phi"] is None for r in records[1:])
     assert [r["changed_instance"] for r in records] == [d["changed_instance"] for d in direct]
+
+
+# ---- merge_payload="compact" ----
+def _bf16_bound(terms: list[torch.Tensor]) -> torch.Tensor:
+    """Per element, how far a bf16 sum of `terms` (each rounded, partial sums rounded) may be from the exact sum:
+    half a bf16 step (2⁻⁹ relative) for each rounding of each term and of each partial sum."""
+    total = sum(t.abs() for t in terms)
+    return total * (len(terms) * 2) * 2.0**-8
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", list(MERGES))
+def test_compact_merges_give_the_weighted_average_to_bf16_and_int8_precision_and_equal_replicas(runs, case):
+    instances, momentum, _ = MERGES[case]
+    plan = plan_merge(instances, policy="smallest_pair", num_workers=WORLD)
+    collectives = plan_collectives(plan)
+    records = [r[f"compact/{case}"] for r in runs]
+    phi_s, m_s = _instance_state(records, instances, plan.survivor)
+    phi_m, m_m = _instance_state(records, instances, plan.merged)
+    w_s, w_m = plan.weights
+    terms = [collectives.weights[r] * records[r]["before"]["phi"].double() for r in collectives.members]
+    expected_phi = w_s * phi_s.double() + w_m * phi_m.double()
+    survivor = next(inst for inst in plan.after if inst.id == plan.survivor)
+    first = records[survivor.first_worker]["after"]
+    assert not torch.equal(first["phi"], expected_phi.float())  # it did round
+    for rank in survivor.workers:
+        after = records[rank]["after"]
+        assert ((after["phi"].double() - expected_phi).abs() <= _bf16_bound(terms)).all(), rank
+        assert torch.equal(after["phi"], after["phi"].bfloat16().float())  # exact in bf16
+        assert torch.equal(after["phi"], first["phi"]) and torch.equal(after["theta"], after["phi"])
+        if momentum:
+            zero = torch.zeros(NUMEL, dtype=torch.float64)
+            expected_m = w_s * (zero if m_s is None else m_s.double()) + w_m * (zero if m_m is None else m_m.double())
+            # The int8 ring: M half-steps of each block's largest partial sum (outer/ring.py), with room for bf16.
+            n = len(collectives.members)
+            block_max = (n * expected_m.abs().max() + sum(t.abs().max() for t in terms)).item()
+            assert (after["momentum"].double() - expected_m).abs().max().item() <= n * block_max / 254, rank
+            assert torch.equal(after["momentum"], first["momentum"])
+        else:
+            assert after["momentum"] is None
+    # Another instance that gains a worker: the joiner and the instance's own workers hold the same rounded state;
+    # one that gains none keeps its state exactly.
+    gaining = {b.instance for b in collectives.broadcasts}
+    for inst in plan.after:
+        if inst.id == plan.survivor:
+            continue
+        phi, m = _instance_state(records, instances, inst.id)
+        states = [records[rank]["after"] for rank in inst.workers]
+        for after in states:
+            assert torch.equal(after["phi"], states[0]["phi"]) and torch.equal(after["theta"], after["phi"])
+            assert torch.equal(after["phi"], phi.bfloat16().float() if inst.id in gaining else phi)
+            if momentum and inst.id in gaining:
+                assert torch.equal(after["momentum"], states[0]["momentum"])
+                assert (after["momentum"] - m).abs().max().item() <= m.abs().max().item() / 254 + 1e-7
+            elif momentum:
+                assert torch.equal(after["momentum"], m)
+    assert torch.equal(records[0]["merged_phi"], first["phi"])  # the writer saves the survivor's weights
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", list(MERGES))
+def test_compact_merges_send_bf16_weights_and_int8_momentum_blocks(runs, case):
+    instances, momentum, _ = MERGES[case]
+    plan = plan_merge(instances, policy="smallest_pair", num_workers=WORLD)
+    collectives = plan_collectives(plan)
+    compact = [r[f"compact/{case}"]["sent_bytes"] for r in runs]
+    full = [r[f"all_reduce/{case}"]["sent_bytes"] for r in runs]
+    payload = CompactPayload(block_size=COMPACT_BLOCK)
+    state = payload.state_bytes(NUMEL, momentum)
+    assert state == NUMEL * 2 + (NUMEL + 4 * -(-NUMEL // COMPACT_BLOCK) if momentum else 0)
+    for rank in range(WORLD):
+        broadcasts = sum((len(b.ranks) - 1) * state for b in collectives.broadcasts if b.src == rank)
+        save = NUMEL * 2 if rank == collectives.save_src else 0
+        ring = compact[rank] - broadcasts - save
+        if rank not in collectives.members:
+            assert ring == 0, rank
+        else:
+            n = len(collectives.members)
+            assert ring <= 2 * (n - 1) * state / n + 2 * 4 * -(-NUMEL // COMPACT_BLOCK), rank
+    assert sum(compact) < 0.55 * sum(full)  # 2 + 1 bytes a parameter, + 1 of scales in these blocks of 4, against 8
+    # With the default blocks of 256 a state is 3.02 bytes a parameter: 0.377 of float32's 8.
+    default = CompactPayload().state_bytes(10**6, True) / Float32Payload().state_bytes(10**6, True)
+    assert default == pytest.approx((2 + 1 + 4 / 256) / 8, rel=1e-3)

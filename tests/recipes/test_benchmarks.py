@@ -200,11 +200,14 @@ def test_method_specs_share_everything_but_their_own_settings(tmp_path):
         for name in convergence.METHODS
         if name != "diloco_matched"
     }
-    for spec in specs.values():
+    own = {name for name, m in convergence.METHODS.items() if "batch_size" in m or "budget_factor" in m}
+    for name, spec in specs.items():
+        assert spec["seed"] == specs["ddp"]["seed"]
+        if name in own:  # issue 25's: a batch of their own, or a longer budget (test_the_goodput_methods...)
+            continue
         assert spec["train"] == specs["ddp"]["train"]
         assert spec["train"]["learning_rate"] == 0.002
         assert spec["budget_tokens"] == specs["ddp"]["budget_tokens"]
-        assert spec["seed"] == specs["ddp"]["seed"]
     assert specs["diloco"]["adloco"]["num_instances"] == 1
     assert specs["diloco"]["adloco"]["batch_size_test"] == "none"
     assert specs["adloco"]["adloco"]["num_instances"] == 4
@@ -228,6 +231,33 @@ def test_method_specs_share_everything_but_their_own_settings(tmp_path):
     assert specs["adloco"]["adloco"]["lr_batch_scaling"] == "none"  # the paper's AdLoCo
     with pytest.raises(SystemExit):
         convergence.shared_settings(convergence.parse_args(["--set", "adloco.no_such_key=1"]))
+
+
+def test_the_goodput_methods_and_the_fixed_batches_they_are_compared_with(tmp_path):
+    settings = convergence.shared_settings(convergence.parse_args(["--quick", "--learning_rate", "0.002"]))
+    specs = {
+        name: convergence.method_spec(name, settings, str(tmp_path))
+        for name in ("diloco", "diloco_b4", "diloco_b8", "diloco_b16", "adloco", "adloco_goodput", "diloco_goodput")
+    }
+    for batch in (4, 8, 16):  # DiLoCo at a fixed batch, at the square-root rule's learning rate for it
+        spec = specs[f"diloco_b{batch}"]
+        assert spec["train"]["batch_size"] == batch
+        assert spec["train"]["learning_rate"] == pytest.approx(0.002 * math.sqrt(batch / 4))
+        assert spec["adloco"] == {**specs["diloco"]["adloco"], "max_batch_size": 16}
+        assert spec["budget_tokens"] == settings["budget_tokens"]
+    goodput = specs["adloco_goodput"]
+    changed = {k for k in goodput["adloco"] if goodput["adloco"][k] != specs["adloco"]["adloco"][k]}
+    assert changed == {"batch_size_target", "lr_batch_scaling", "merge_payload", "max_batch_size"}
+    assert goodput["adloco"]["batch_size_target"] == "goodput" and goodput["adloco"]["merge_payload"] == "compact"
+    assert goodput["train"] == specs["diloco"]["train"]  # from the initial batch 4, the shared learning rate
+    assert goodput["budget_tokens"] == int(1.5 * settings["budget_tokens"])
+    single = specs["diloco_goodput"]["adloco"]
+    assert single["num_instances"] == 1 and single["batch_size_test"] == "norm"
+    goodput["backend"] = None  # built in this process: no process group to form
+    from recipes.benchmarks import _convergence_worker as worker
+
+    args = worker.make_arguments(goodput)
+    assert args.batch_size_target == "goodput" and args.batch_size_cap == 64 and args.merge_payload == "compact"
 
 
 STREAMED = {"num_fragments": 5, "fragment_sync_delay": "max", "fragment_update_alpha": 0.5}
@@ -281,7 +311,8 @@ def test_compression_and_overlap_variants_change_only_their_settings_and_make_a_
             "adloco_paper_outer", "adloco_sqrt_lr")  # fmt: skip
     assert convergence.DEFAULT_METHODS == nine
     assert convergence.parse_args([]).methods == list(nine)  # the variants run only when named
-    assert set(convergence.METHODS) == set(nine) | set(VARIANTS) | {"adloco_paper"}
+    goodput = {"diloco_b4", "diloco_b8", "diloco_b16", "adloco_goodput", "diloco_goodput"}  # issue 25's (below)
+    assert set(convergence.METHODS) == set(nine) | set(VARIANTS) | {"adloco_paper"} | goodput
     args = convergence.parse_args(["--quick", "--methods", *VARIANTS])
     assert args.methods == list(VARIANTS) and convergence.run_order(args.methods) == list(VARIANTS)
     settings = convergence.shared_settings(args)

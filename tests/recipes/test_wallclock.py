@@ -1,5 +1,6 @@
 """The wall-clock model of `recipes/benchmarks/wallclock/`: its formulas on hand-computed cases (fast, no torch)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -120,6 +121,15 @@ def test_replay_of_a_rounds_file(tmp_path):
     # Time at tokens: linear within the round that holds them.
     assert wc.seconds_at_tokens(replay, 2560 + 1280) == pytest.approx(start + round1 + round2 / 2)
     assert wc.seconds_at_tokens(replay, 10**9) is None
+    # An all-reduce merge (merge_transport="all_reduce") is a ring over the 4 members of the bytes its line logs
+    # (here 6 payloads of 3000 B: a compact merge of 1000 parameters), not the point-to-point messages.
+    lines = load_rounds(tmp_path)
+    lines[0]["merge_bytes"] = 6 * 3000
+    ring = dataclasses.replace(facts, merge_transport="all_reduce")
+    merged = wc.replay_adloco(lines, ring, profile, link)["rounds"][0]
+    assert merged["merge_seconds"] == pytest.approx(2 * 3 * (0.1 + 750 / 1000) + 3 * 0.1)  # and its all-gather
+    assert merged["wall_seconds"] == pytest.approx(round1 - merge + merged["merge_seconds"])
+    assert merged["modelled_bytes"] == pytest.approx(2 * 2000 + 2 * 2000 + 6 * 3000)
 
 
 def test_final_merge_when_instances_are_left(tmp_path):
@@ -255,3 +265,34 @@ def test_measured_ratios_skip_failed_methods():
     convergence["methods"]["ddp"] = {"error": "exit 1"}
     with pytest.raises(ValueError, match="no ddp run"):
         wc.measured_ratios(convergence)
+
+
+def test_the_goodput_replay_chooses_with_the_librarys_rule_on_the_scenarios_costs():
+    from adloco_hf.batch.goodput import GoodputModel, choose_request
+    from recipes.benchmarks.wallclock.goodput import GoodputAssumptions, goodput_lines, step_time_model
+
+    # A pass costs 0.02 s plus 0.03 s a sequence.
+    profile = wc.DeviceProfile({1: 0.02 + 0.03, 16: 0.02 + 0.03 * 16}, optimizer_seconds=0.01, outer_seconds=0.5)
+    slow, fast = wc.Link(1e8), wc.Link(1e11)
+    times = step_time_model(profile, slow, numel=10**8, workers=8, grad_bytes=2)
+    # α and β from the profile's two points; C is the outer step's work, the ring all-reduce and two control rounds.
+    assert times.per_pass == pytest.approx(0.02) and times.per_sample == pytest.approx(0.03)
+    assert times.per_step == 0.01
+    ring = wc.ring_all_reduce_seconds(2 * 10**8, 8, slow, wc.OUTER_BUCKET_NUMEL * 2)
+    assert times.per_round == pytest.approx(0.5 + ring + wc.control_seconds(8, slow, 2))
+    assumptions = GoodputAssumptions(noise_start_tokens=64 * 2048, noise_end_tokens=64 * 2048, cap=64)
+    common = dict(workers=8, batch=8, micro_batch=16, inner_steps=50, sequence_length=2048, target_tokens=2e8)
+    lines, summary = goodput_lines(times, assumptions, **common)
+    # Every round's choice is the rule's, from the request the round ran.
+    for line in lines:
+        model = GoodputModel(times, line["noise_scale"], 50, 8, 1, 16, 2.0, 8)
+        choice = choose_request(model, current=line["batch_size"], low=8, high=64, hysteresis=0.05)
+        assert line["next_batch_size"] == choice.request
+    assert summary["max_batch"] > 8 and summary["weighted_tokens"] >= 2e8
+    # More tokens than at the initial batch (each is worth less at a larger batch), in fewer rounds.
+    assert summary["tokens"] > 2e8 and summary["rounds"] < 2e8 / (8 * 8 * 50 * 2048)
+    # On a fast link the round costs nothing to amortise: the batch stays at the initial one.
+    _, fast_summary = goodput_lines(step_time_model(profile, fast, numel=10**8, workers=8, grad_bytes=2),
+                                    assumptions, **common)  # fmt: skip
+    per_round = 8 * 8 * 50 * 2048
+    assert fast_summary["max_batch"] == 8 and fast_summary["tokens"] == -(-2e8 // per_round) * per_round

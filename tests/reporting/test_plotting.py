@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.figure
 import matplotlib.image
 import pytest
 
-from adloco_hf.reporting.plotting import plot_run
+from adloco_hf.reporting.plotting import goodput_series, plot_run
 from adloco_hf.reporting.report import format_summary, summarize_run
 from adloco_hf.reporting.run_log import load_evals, load_rounds
 
@@ -259,6 +260,29 @@ def test_plot_run_one_instance_no_eval_nan_losses(tmp_path):
         r["train_loss"] = None
     write_jsonl(tmp_path / "adloco_rounds.jsonl", only)
     check_png(Path(plot_run(tmp_path)))
+
+
+def test_plot_run_draws_the_goodput_of_each_choice_and_of_keeping_the_batch(tmp_path, monkeypatch):
+    rounds, _ = synthetic_run()
+    only = [dict(r, workers=[0], num_instances=1, merged_from=[], comm_bytes=0) for r in rounds if r["instance"] == 0]
+    for step, r in enumerate(only, start=1):
+        r.update(goodput=100.0 + step, goodput_kept=90.0 + step, total_tokens=1000 * step)
+    only[1].pop("goodput")  # a round without a noise scale yet logs none
+    series = goodput_series({0: only}, {r["outer_step"]: r["total_tokens"] for r in only})
+    assert series == {0: ([1000, 3000, 4000, 5000, 6000], [101, 103, 104, 105, 106], [91, 93, 94, 95, 96])}
+    assert goodput_series({0: rounds[:1]}, {1: 10.0}) == {}  # another target: nothing to draw
+    write_jsonl(tmp_path / "adloco_rounds.jsonl", only)
+    saved = []
+    original = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), original(fig, *a, **k))
+    )
+    check_png(Path(plot_run(tmp_path)))
+    # Panel (b)'s second axis draws both predictions against the tokens.
+    (axis,) = [ax for ax in saved[0].axes if ax.get_ylabel().startswith("predicted goodput")]
+    drawn = [(list(line.get_xdata()), list(line.get_ydata())) for line in axis.get_lines()]
+    xs, chosen, kept = series[0]
+    assert drawn == [(xs, chosen), (xs, kept)]
 
 
 def test_cli(run_dir, tmp_path):

@@ -132,7 +132,7 @@ def test_shares_in_the_instance_row_and_when_they_stop_applying():
     assert inst.workers == (1, 3) and inst.shares == (6, 2)
     assert Instance.from_row(inst.to_row()) == inst
     assert Instance.from_row(Instance(0, (0, 1), 4).to_row()).shares == ()  # an equal split is stored as none
-    assert len(Instance(0, (0, 1), 4).to_row()) == 8  # ... and its row is the one written before shares existed
+    assert len(Instance(0, (0, 1), 4).to_row()) == 9  # ... and its row is the one written before shares existed
     assert inst.split(4) == (6, 2)
     assert inst.split(5) == (5, 5)  # another total (the request grew): equal until the next round's end
     with pytest.raises(ValueError, match="2 workers but 3 shares"):

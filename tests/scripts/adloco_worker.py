@@ -11,7 +11,8 @@ final `merged/` save, its weights written but the folder not yet renamed into pl
 `probe_resume` (right after AdLoCo restored a checkpoint: φ, momentum and AdamW moments to `resume-rank{R}.safetensors`),
 `model` (`tiny_llama_config` overrides: a heavier step), `kills` and `progress` (SIGKILLs at chosen points of chosen
 launch attempts, and every attempt's start and steps with their wall time: `scripts/restarts.py`), `slow` ({rank or
-"all": seconds}: a delay per sample inside every inner step of those ranks, a slow worker).
+"all": seconds}: a delay per sample inside every inner step of those ranks, a slow worker) and `step_clock`
+(`helpers.StepClock`'s arguments: the goodput rule's step timings from a deterministic clock).
 Assertions that need several ranks' tensors run here, inside the workers; the test reads the probe files.
 """
 
@@ -30,7 +31,7 @@ from transformers import TrainerCallback, default_data_collator
 
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from helpers import flat_params, sequence_dataset, tiny_model  # noqa: E402
+from helpers import StepClock, flat_params, sequence_dataset, tiny_model  # noqa: E402
 
 import adloco_hf.checkpoint.folders as checkpoint_module  # noqa: E402
 import adloco_hf.instances.merges as merging  # noqa: E402
@@ -529,6 +530,8 @@ def main() -> None:
         from restarts import arm_kills
 
         arm_kills(trainer, spec["kills"], rank, probe_dir, spec.get("hold_for_signal"))
+    if spec.get("step_clock") is not None:  # batch_size_target="goodput" timed by a deterministic clock
+        StepClock(**spec["step_clock"]).install(trainer)
     if spec.get("progress"):  # after the trainer's own callbacks: a step is recorded once its round's end has run
         from restarts import record_progress
 

@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from adloco_hf.reporting.run_log import load_rounds
 from recipes.benchmarks._common import REPO, human_bytes, table, write_json
+from recipes.benchmarks.wallclock.goodput import GoodputAssumptions
 from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link, mbit
 from recipes.benchmarks.wallclock.replay import time_to_targets
 from recipes.benchmarks.wallclock.runs import _read_json, _rounds_folder, replay_folder, resolve_run_folder, seed_of
@@ -116,6 +117,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     for name, default in scenario_flags:
         parser.add_argument(f"--{name}", type=type(default), default=default, help="--scenario.")
+    parser.add_argument(
+        "--goodput_noise_tokens",
+        type=float,
+        nargs=2,
+        default=[0.25e6, 2.0e6],
+        metavar=("START", "END"),
+        help="--scenario: the goodput rule's noise scale in tokens, linear over the run (an assumption).",
+    )
+    parser.add_argument("--goodput_cap", type=int, default=128, help="--scenario: the goodput rule's largest request.")
+    parser.add_argument("--no_goodput", action="store_true", help="--scenario: leave the goodput rule out.")
     return parser.parse_args(argv)
 
 
@@ -217,8 +228,12 @@ def main_scenario(args: argparse.Namespace) -> dict:
     source_workers = len({w for line in adloco_lines for w in line["workers"]}) if adloco_lines else 1
     if adloco_lines and scenario.workers % source_workers:
         raise SystemExit(f"--workers must be a multiple of the measured run's {source_workers} workers")
-    results = scenario_results(scenario, ratio_info["ratios"], adloco_lines)
-    assumptions = scenario_assumptions(scenario, ratio_info)
+    goodput = None
+    if not args.no_goodput:
+        start, end = args.goodput_noise_tokens
+        goodput = GoodputAssumptions(noise_start_tokens=start, noise_end_tokens=end, cap=args.goodput_cap)
+    results = scenario_results(scenario, ratio_info["ratios"], adloco_lines, goodput)
+    assumptions = scenario_assumptions(scenario, ratio_info, goodput)
     report = format_scenario(results["rows"])
     print("assumptions:\n" + "\n".join(f"- {a}" for a in assumptions) + "\n\n" + report)
     out = os.path.join(args.output_dir, "scenario")

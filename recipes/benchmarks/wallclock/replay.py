@@ -93,7 +93,19 @@ class RunFacts:
     save_merges: bool = False
     statistics: bool = True
     inner_state_bytes: float | None = None  # default: two fp32 moments, 8 × numel
+    merge_transport: str = "point_to_point"  # "all_reduce": a merge is a ring of the bytes its line logs
     extra: dict = field(default_factory=dict)
+
+
+def all_reduce_merge_seconds(plan: MergePlan, logged_bytes: float, link: Link) -> float:
+    """An all-reduce merge (`merge_transport="all_reduce"`) from the bytes its rounds line logs (what all n members
+    of both instances sent, whatever `merge_payload`): a ring of n members sends 2 (n − 1) payloads in all, so one
+    member's payload is logged / (2 (n − 1)). The broadcasts to workers that change instance are in the logged bytes
+    (so in the payload: a slight overestimate) but not timed apart."""
+    before = {inst.id: inst for inst in plan.before}
+    members = len(before[plan.survivor].workers) + len(before[plan.merged].workers)
+    payload = logged_bytes / (2 * (members - 1))
+    return ring_all_reduce_seconds(payload, members, link, OUTER_BUCKET_NUMEL * 4)
 
 
 def _instances_of(lines: list[dict], batch_key: str) -> list[Instance]:
@@ -162,15 +174,23 @@ def replay_adloco(
         if any(line["merged_from"] for line in round_lines):
             next_lines = rounds_by_step[steps_sorted[index + 1]] if index + 1 < len(steps_sorted) else None
             plan = _merge_plan(round_lines, next_lines, world)
-            messages = merge_messages(
-                plan,
-                numel=numel,
-                with_momentum=facts.with_momentum,
-                inner_state_bytes=inner_bytes,
-                save=facts.save_merges,
+            logged_merge = next(line for line in round_lines if line["merged_from"]).get("merge_bytes")
+            messages = (
+                []
+                if facts.merge_transport == "all_reduce" and logged_merge
+                else merge_messages(
+                    plan,
+                    numel=numel,
+                    with_momentum=facts.with_momentum,
+                    inner_state_bytes=inner_bytes,
+                    save=facts.save_merges,
+                )
             )
-            merge = sequential_messages_seconds([(s, d, t) for _, s, d, t in messages], link)
-            merge_bytes = sum(sum(t) for *_, t in messages)
+            if messages:
+                merge = sequential_messages_seconds([(s, d, t) for _, s, d, t in messages], link)
+                merge_bytes = sum(sum(t) for *_, t in messages)
+            else:
+                merge, merge_bytes = all_reduce_merge_seconds(plan, logged_merge, link), logged_merge
             merge += control_seconds(world, link, 1)  # the merge's own all-gather of bytes and seconds
             table_after = plan.after
         else:

@@ -48,6 +48,7 @@ def run_facts(folder: str, **overrides) -> tuple[RunFacts, dict, dict]:
         with_momentum=float(momentum) > 0,
         save_merges=bool(adloco.get("save_merges", False)),
         statistics=adloco.get("batch_size_test", "norm") != "none",
+        merge_transport=adloco.get("merge_transport", "point_to_point"),
     )
     return facts, spec, result
 

@@ -8,6 +8,7 @@ from typing import Any
 from adloco_hf.batch.switch_mode import plan_batch
 from adloco_hf.reporting.run_log import group_by_round
 from recipes.benchmarks._common import ratio, table
+from recipes.benchmarks.wallclock.goodput import GoodputAssumptions, goodput_lines, step_time_model
 from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link, mbit
 from recipes.benchmarks.wallclock.replay import (
     RunFacts,
@@ -143,8 +144,14 @@ def _until_tokens(lines: list[dict], tokens: float) -> list[dict]:
     return kept
 
 
-def scenario_results(scenario: Scenario, ratios: dict[str, float], adloco_lines: list[dict] | None) -> dict:
-    """Time to target per method and bandwidth."""
+def scenario_results(
+    scenario: Scenario,
+    ratios: dict[str, float],
+    adloco_lines: list[dict] | None,
+    goodput: GoodputAssumptions | None = None,
+) -> dict:
+    """Time to target per method and bandwidth; with `goodput`, also DiLoCo whose batch the goodput rule chooses
+    (`wallclock/goodput.py`), to DiLoCo's tokens to target weighted by the rule's statistical efficiency."""
     profile = scenario.profile()
     numel = int(scenario.params)
     facts = RunFacts(numel=numel, world_size=scenario.workers, pseudo_grad_bytes=scenario.pseudo_grad_bytes)
@@ -215,10 +222,46 @@ def scenario_results(scenario: Scenario, ratios: dict[str, float], adloco_lines:
                     "rounds": None if method == "ddp" else len(replay["rounds"]),
                 }
             )
+        if goodput is not None and ratios.get("diloco") is not None:
+            rows.append(_goodput_row(scenario, goodput, profile, link, facts, ratios["diloco"]))
     return {"rows": rows, "profile": profile.to_json()}
 
 
-def scenario_assumptions(scenario: Scenario, ratio_info: dict) -> list[str]:
+def _goodput_row(
+    scenario: Scenario, goodput: GoodputAssumptions, profile: DeviceProfile, link: Link, facts: RunFacts, ratio: float
+) -> dict:
+    times = step_time_model(
+        profile, link, numel=facts.numel, workers=scenario.workers, grad_bytes=scenario.pseudo_grad_bytes
+    )
+    lines, summary = goodput_lines(
+        times,
+        goodput,
+        workers=scenario.workers,
+        batch=scenario.batch,
+        micro_batch=scenario.micro_batch,
+        inner_steps=scenario.inner_steps,
+        sequence_length=scenario.sequence_length,
+        target_tokens=scenario.ddp_tokens_to_target * ratio,
+    )
+    replay = replay_adloco(lines, facts, profile, link, broadcast="pipelined")
+    total = replay["total"]
+    return {
+        "method": "goodput",
+        "bandwidth_bits_per_second": link.bandwidth_bits_per_second,
+        "tokens_to_target": summary["tokens"],
+        "hours_to_target": total["wall_seconds"] / 3600,
+        "compute_share": total["compute_seconds"] / total["wall_seconds"],
+        "idle_share": total["idle_seconds"] / total["wall_seconds"],
+        "comm_hours": total["comm_seconds"] / 3600,
+        "inner_steps": sum(r["inner_steps"] for r in replay["rounds"]),
+        "rounds": len(replay["rounds"]),
+        "mean_batch": summary["mean_batch"],
+        "last_batch": summary["last_batch"],
+        "step_model": times.as_list(),
+    }
+
+
+def scenario_assumptions(scenario: Scenario, ratio_info: dict, goodput: GoodputAssumptions | None = None) -> list[str]:
     p = scenario.profile()
     return [
         f"model: {scenario.params / 1e9:g} B parameters, sequences of {scenario.sequence_length} tokens",
@@ -249,11 +292,26 @@ def scenario_assumptions(scenario: Scenario, ratio_info: dict) -> list[str]:
         + ", ".join(f"{m} {r:.3f}" for m, r in ratio_info["ratios"].items() if r is not None)
         + "".join(f"; {m} left out (every seed failed: {e})" for m, e in ratio_info.get("skipped", {}).items())
         + " — measured on a tiny model over a short budget; treat them as an assumption, not as a 1B fact",
+        _goodput_assumption(scenario, goodput),
         "AdLoCo's trajectory (instances, merges, requests per round) is the measured run's "
         f"({ratio_info.get('adloco_trajectory', 'none found: AdLoCo replayed as DiLoCo rounds')}), each measured "
         f"worker mapped to {scenario.workers} / (its workers) workers and requests scaled by the initial batch; after "
         "the measured rounds the table after the last one repeats (its requests, no further merges)",
     ]
+
+
+def _goodput_assumption(scenario: Scenario, goodput: GoodputAssumptions | None) -> str:
+    if goodput is None:
+        return "goodput: not replayed"
+    return (
+        "goodput: one instance of all the workers, the per-worker batch chosen every round by the library's goodput "
+        "rule (adloco_hf.batch.goodput) from the step model above and the modelled round communication, with a noise "
+        f"scale growing linearly over the run from {goodput.noise_start_tokens:.3g} to {goodput.noise_end_tokens:.3g} "
+        "tokens (an assumption: the critical batch of a 1B model starts small and grows, Merrill et al. 2025; not "
+        f"measured), hysteresis {goodput.hysteresis:g}, requests in [{scenario.batch}, {goodput.cap}] sequences; it "
+        "trains until its tokens, each weighted by the rule's efficiency (B + b0) / (B + b), reach DiLoCo's tokens to "
+        "target"
+    )
 
 
 def format_scenario(rows: list[dict]) -> str:
@@ -268,7 +326,7 @@ def format_scenario(rows: list[dict]) -> str:
         for r in rows
     ]
     columns = ["bandwidth", "method", "tokens (B)", "hours", "compute share", "idle_share", "comm_hours"]
-    return table(shown, [*columns, "inner_steps", "rounds"])
+    return table(shown, [*columns, "inner_steps", "rounds", "mean_batch", "last_batch"])
 
 
 def plot_scenario(rows: list[dict], path: str, title: str) -> str:
@@ -278,7 +336,7 @@ def plot_scenario(rows: list[dict], path: str, title: str) -> str:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 5))
-    for method in ("ddp", "diloco", "adloco"):
+    for method in ("ddp", "diloco", "adloco", "goodput"):
         points = [
             (r["bandwidth_bits_per_second"] / 1e9, r["hours_to_target"])
             for r in rows

@@ -1,0 +1,136 @@
+"""The goodput rule (`batch_size_target="goodput"`): the per-worker request that trains fastest per second (pure).
+
+Goodput is throughput × statistical efficiency (Pollux, Qiao et al., OSDI 2021; AdaptDL). For an instance of M
+workers, each running H inner steps of b samples a round:
+
+- throughput: the samples the instance trains per second, X(b) = M b H / (H step(b) + C), with the step and round
+  costs measured on the run ([`StepTimeModel`], `batch/throughput.py`): a slow link (large C) or a large fixed cost
+  per pass (a GPU below saturation) makes a larger b cheaper per sample;
+- statistical efficiency: what a sample is worth at batch b, relative to one at the reference batch b₀ (the initial
+  request). A step of b samples makes the progress of 1 / (1 + B_noise / b) noise-free steps (McCandlish et al.,
+  2018, arXiv 1812.06162: S = S_min (1 + B_noise / B), E = E_min (1 + B / B_noise)), so a sample is worth
+  E(b) = (B_noise + b₀) / (B_noise + b): nearly 1 while b ≪ B_noise, falling once b passes it. B_noise is the
+  instance's smoothed noise scale tr Σ / ‖∇F‖² (`NoiseEstimate`), in Adam's metric with
+  `noise_preconditioner="adam"` (the noise scale that governs an Adam step). b is a worker's step batch: each
+  worker's inner steps are the steps whose noise the scale measures; the round's average of M workers then adds
+  the workers' samples as DiLoCo does at any batch.
+
+Goodput G(b) = X(b) E(b) counts samples per second as if every one had been trained at b₀. The request is what
+switch mode turns it into (`plan_batch`: a request between max_batch_size and γ × it runs as max_batch_size, above
+it as A passes), per process with `processes_per_worker` = G (requests are multiples of G).
+
+The maximisation is exact and cheap: for a fixed number of passes A, G(b) ∝ b / ((K + Hβb)(B_noise + b)) with
+K = H(ω + Aα) + C, whose only maximum over b > 0 is at b* = √(K B_noise / (Hβ)); so the best request of each A lies
+at b* rounded either way, or at an end of A's range of requests ([`best_request`]; tested against trying every
+request).
+"""
+
+import math
+from dataclasses import dataclass
+
+from .switch_mode import BatchPlan, plan_batch
+from .throughput import StepTimeModel
+
+
+__all__ = ["GoodputChoice", "GoodputModel", "choose_request"]
+
+
+@dataclass(frozen=True)
+class GoodputModel:
+    """Goodput of an instance's per-worker request (module docstring).
+
+    Attributes:
+        times: the measured step and round costs (one process's: a worker's G processes run side by side).
+        noise_scale: B_noise, in samples (> 0).
+        inner_steps: H of the next round.
+        workers: M, the instance's workers.
+        processes: G, processes per worker (a request is G × a process's).
+        max_batch_size: a process's largest micro-batch.
+        switch_threshold: γ of switch mode.
+        reference: b₀, the per-worker batch whose samples count 1 (the initial request).
+    """
+
+    times: StepTimeModel
+    noise_scale: float
+    inner_steps: int
+    workers: int
+    processes: int
+    max_batch_size: int
+    switch_threshold: float
+    reference: int
+
+    def plan(self, request: int) -> BatchPlan:
+        """What one process of a worker runs for a per-worker `request`."""
+        return plan_batch(max(1, request // self.processes), self.max_batch_size, self.switch_threshold)
+
+    def throughput(self, request: int) -> float:
+        """Samples per second the instance trains with `request`."""
+        plan = self.plan(request)
+        seconds = self.times.round_seconds(plan.batch_size, plan.accumulation_steps, self.inner_steps)
+        samples = self.workers * self.processes * plan.batch_size * self.inner_steps
+        return samples / seconds if seconds > 0 else math.inf
+
+    def efficiency(self, request: int) -> float:
+        """What a sample of a step of `request` is worth against one of the reference batch."""
+        used = self.processes * self.plan(request).batch_size
+        return (self.noise_scale + self.reference) / (self.noise_scale + used)
+
+    def goodput(self, request: int) -> float:
+        """Samples per second, each counted at its worth at the reference batch."""
+        return self.throughput(request) * self.efficiency(request)
+
+    def _candidates(self, low: int, high: int) -> set[int]:
+        """Per-process requests in [low, high] among which the best one lies (module docstring)."""
+        m, gamma = self.max_batch_size, self.switch_threshold
+        t, h = self.times, self.inner_steps
+        d = self.noise_scale / self.processes  # B_noise in a process's samples
+        found = {low, high}
+
+        def add_range(lo: int, hi: int, passes: int) -> None:
+            lo, hi = max(lo, low), min(hi, high)
+            if lo > hi:
+                return
+            found.update((lo, hi))
+            if t.per_sample <= 0:
+                return  # goodput grows with the batch inside the range: its end is a candidate already
+            k = h * (t.per_step + passes * t.per_pass) + t.per_round
+            best = math.sqrt(k * d / (h * t.per_sample))
+            for r in (math.floor(best), math.ceil(best)):
+                found.add(min(max(r, lo), hi))
+
+        add_range(1, m, 1)
+        # Requests in (m, γ m] run as m: none beats m itself, or `low` when it lies in that band.
+        first = math.floor(gamma * m) + 1
+        for passes in range(max(2, math.ceil(first / m)), math.ceil(high / m) + 1):
+            add_range(max((passes - 1) * m + 1, first), passes * m, passes)
+        return found
+
+    def best_request(self, low: int, high: int) -> int:
+        """The per-worker request in [low, high] (multiples of G) of the highest goodput; the smallest on a tie."""
+        g = self.processes
+        lo, hi = -(-low // g), high // g
+        if lo > hi:
+            raise ValueError(f"no request that is a multiple of {g} lies in [{low}, {high}]")
+        candidates = sorted(self._candidates(lo, hi))
+        return g * max(candidates, key=lambda r: (self.goodput(g * r), -r))
+
+
+@dataclass(frozen=True)
+class GoodputChoice:
+    """The goodput rule's decision: the next request, its predicted goodput and that of keeping the current one."""
+
+    request: int
+    goodput: float
+    kept: float
+
+
+def choose_request(model: GoodputModel, *, current: int, low: int, high: int, hysteresis: float) -> GoodputChoice:
+    """The request of the highest goodput in [low, high], taken only when it beats keeping `current` by at least
+    `hysteresis` (0.05: 5 %, what AdaptDL's users asked for: a change costs a new step speed, a new learning rate, a
+    restarted estimate; it should pay for them). A current request outside [low, high] always moves."""
+    best = model.best_request(low, high)
+    gain, kept = model.goodput(best), model.goodput(current)
+    inside = low <= current <= high
+    if inside and not gain >= (1 + hysteresis) * kept:
+        return GoodputChoice(current, kept, kept)
+    return GoodputChoice(best, gain, kept)

@@ -1,0 +1,146 @@
+"""`batch_size_target="goodput"` in a round's decision: the same choice as the pure rule from the all-gathered
+timings and statistics, what the rounds file logs, merges, skipped rounds and processes per worker."""
+
+import math
+
+import pytest
+from helpers import round_rules
+
+from adloco_hf.batch.goodput import GoodputModel, choose_request
+from adloco_hf.batch.size_tests import GradientStatistics
+from adloco_hf.batch.throughput import RoundTiming, ThroughputProfile
+from adloco_hf.instances.table import Instance
+from adloco_hf.rounds.decision import decide_round
+from adloco_hf.rounds.rows import WorkerReport
+
+
+def rules(**overrides):
+    base = dict(
+        batch_size_target="goodput",
+        batch_size_cap=64,
+        per_device_train_batch_size=4,
+        batch_size_smoothing=0.0,
+        merge_every=0,
+        max_batch_size=16,
+    )
+    return round_rules(**{**base, **overrides})
+
+
+def report(instance=0, *, variance=40.0, grad_sq_norm=12.5, micro=4, pass_seconds=0.05, half_seconds=0.035,
+           outer_seconds=2.0, steps=10, skipped=False):  # fmt: skip
+    """A worker's round: H − 1 steps of one pass of `micro`, the statistics step as two halves, per-sample variance
+    `variance` with ‖g‖² `grad_sq_norm` over `micro` samples."""
+    return WorkerReport(
+        instance=instance,
+        stats=GradientStatistics(variance, math.nan, math.nan, 1.0, grad_sq_norm, float(micro)),
+        loss_sum=2.0 * steps,
+        loss_steps=steps,
+        samples=micro * steps,
+        tokens=100.0,
+        pseudo_grad_norm=0.5,
+        payload_bytes=1000,
+        comm_seconds=outer_seconds - 0.01,
+        outer_seconds=outer_seconds,
+        skipped=skipped,
+        timing=RoundTiming(
+            pass_seconds=(steps - 1) * pass_seconds,
+            passes=steps - 1,
+            pass_samples=(steps - 1) * micro,
+            split_seconds=2 * half_seconds,
+            split_passes=2,
+            split_samples=micro,
+            step_seconds=0.01 * steps,
+            steps=steps,
+        ),
+    )
+
+
+def test_the_decision_is_the_pure_rule_on_the_gathered_timings_and_the_noise_scale():
+    table = [Instance(0, (0, 1), 4)]
+    # The second worker is slower and arrived last at the all-reduce (the shorter outer step).
+    reports = [report(), report(pass_seconds=0.06, half_seconds=0.04, outer_seconds=1.5)]
+    decision = decide_round(table, reports, outer_step=1, global_step=10, rules=rules(), inner_steps=10)
+    line, after = decision.lines[0], decision.instances[0]
+    # α, β from the slower worker's passes of 4 (0.06 s) and of 2 (0.04 s): α = 0.02, β = 0.01.
+    times = after.throughput.model()
+    assert times.as_list() == pytest.approx([0.01, 0.02, 0.01, 1.5])
+    assert line.step_model == times.as_list()
+    # The noise scale from the pooled statistics: tr Σ = 40 and ‖∇F‖² ≈ 12.5 − 40 / 4 on each worker's 4 samples.
+    scale = after.noise.noise_scale
+    assert scale == pytest.approx(16.0) and line.noise_scale == scale
+    expected = choose_request(
+        GoodputModel(times, scale, 10, 2, 1, 16, 2.0, 4), current=4, low=4, high=64, hysteresis=0.05
+    )
+    assert line.next_batch_size == after.batch_size == expected.request
+    assert (line.goodput, line.goodput_kept) == (expected.goodput, expected.kept)
+    assert expected.request != 4  # the slow outer step makes a larger batch pay here
+    written = line.to_json()
+    assert written["goodput"] == expected.goodput and written["step_model"] == line.step_model
+
+
+def noisy(**kwargs) -> WorkerReport:
+    """A round whose gradient is pure noise for its batch: ‖g‖² below tr Σ / b, no positive noise scale."""
+    return report(variance=40.0, grad_sq_norm=9.0, **kwargs)
+
+
+def test_without_a_noise_scale_the_request_stays_and_the_costs_are_still_measured():
+    table = [Instance(0, (0,), 4)]
+    decision = decide_round(table, [noisy()], outer_step=1, global_step=10, rules=rules(nonpositive_signal="keep"))
+    line = decision.lines[0]
+    assert line.noise_scale is None and line.next_batch_size == 4
+    assert line.goodput is None and "goodput" not in line.to_json()
+    assert line.step_model is not None and decision.instances[0].throughput.model() is not None
+
+
+def test_other_targets_keep_no_costs_and_log_no_goodput():
+    table = [Instance(0, (0,), 4)]
+    decision = decide_round(table, [report()], outer_step=1, global_step=10, rules=rules(batch_size_target="test"))
+    assert decision.instances[0].throughput == ThroughputProfile()
+    assert not {"goodput", "goodput_kept", "step_model"} & set(decision.lines[0].to_json())
+
+
+def test_a_skipped_round_keeps_the_request_but_counts_its_costs():
+    table = [Instance(0, (0,), 4)]
+    decision = decide_round(table, [report(skipped=True)], outer_step=1, global_step=10, rules=rules())
+    assert decision.instances[0].batch_size == 4 and decision.lines[0].goodput is None
+    assert decision.instances[0].throughput.model().per_round == 2.0
+
+
+def test_a_tiny_gain_is_not_worth_a_change():
+    table = [Instance(0, (0,), 4)]
+    kept = decide_round(table, [report()], outer_step=1, global_step=10, rules=rules(goodput_hysteresis=0.999))
+    assert kept.lines[0].next_batch_size == 4 and kept.lines[0].goodput == kept.lines[0].goodput_kept
+
+
+def test_with_processes_per_worker_the_request_is_a_multiple_of_g_and_each_process_is_timed():
+    table = [Instance(0, (0,), 4)]
+    g2 = rules(processes_per_worker=2, per_device_train_batch_size=2, max_batch_size=8)
+    # Each process ran passes of 2 (its half of the worker's 4) and halves of 1; the second process is slower.
+    common = dict(micro=2, grad_sq_norm=25.0, half_seconds=0.05)
+    reports = [report(**common), report(**common, pass_seconds=0.08)]
+    decision = decide_round(table, reports, outer_step=1, global_step=10, rules=g2, inner_steps=10)
+    line, after = decision.lines[0], decision.instances[0]
+    times = after.throughput.model()
+    assert times.per_pass == pytest.approx(0.02) and times.per_sample == pytest.approx(0.03)
+    scale = after.noise.noise_scale
+    assert scale == pytest.approx(8.0)
+    expected = choose_request(
+        GoodputModel(times, scale, 10, 1, 2, 8, 2.0, 4), current=4, low=4, high=64, hysteresis=0.05
+    )
+    assert line.next_batch_size == expected.request and expected.request % 2 == 0 and expected.request != 4
+
+
+def test_a_merge_weighs_the_survivors_costs_with_the_merged_ones():
+    table = [Instance(0, (0,), 4), Instance(1, (1,), 4)]
+    reports = [report(0, outer_seconds=1.0), report(1, outer_seconds=3.0)]
+    decision = decide_round(table, reports, outer_step=2, global_step=20, rules=rules(merge_every=2))
+    assert decision.merge is not None and len(decision.instances) == 1
+    survivor = decision.instances[0]
+    assert survivor.throughput.model().per_round == pytest.approx(2.0)  # equal demands: equal weights
+    assert Instance.from_row(survivor.to_row()) == survivor
+
+
+def test_a_report_carries_its_timings_through_the_all_gather_row():
+    original = report(3, pass_seconds=0.123, half_seconds=0.05)
+    assert WorkerReport.from_row(original.to_row()) == original
+    assert WorkerReport.from_row(original.to_row()).timing.pass_points() == original.timing.pass_points()
