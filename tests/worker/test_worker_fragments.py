@@ -30,7 +30,7 @@ pytestmark = pytest.mark.multiprocess
 
 WORKER = os.path.join(SCRIPTS, "adloco_worker.py")
 # What a resumed or equivalent run must reproduce: the rounds file but its timings.
-TIMINGS = ("comm_seconds", "outer_seconds", "elapsed_seconds", "merge_seconds")
+TIMINGS = ("comm_seconds", "outer_seconds", "elapsed_seconds", "merge_seconds", "worker_sample_seconds")
 # RESUME_CONFIG's run (2 workers, rounds of H = 5, 2 one-worker instances) in 2 fragments: fragment 1 is sent after
 # inner step ⌊5/2⌋ = 2 of each round and fragment 0 at its end, each average applied τ = 2 steps later, mixed with
 # the local weights by α = 0.5; int4 pseudo-gradients with error feedback. The instances merge at round 2 (step 10),
