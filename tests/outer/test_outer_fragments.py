@@ -138,7 +138,14 @@ def streaming_worker(rank: int, world_size: int) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return cached_runs(streaming_worker, tmp_path_factory, "streaming")
+    spawned = cached_runs(streaming_worker, tmp_path_factory, "streaming")
+
+    def get(world_size: int) -> list:
+        records = spawned(world_size)
+        assert [r["world_size"] for r in records] == [world_size] * world_size  # every test: the world it expected
+        return records
+
+    return get
 
 
 def _reference(records, *, fragments, means=None):
