@@ -7,20 +7,23 @@ workers, each running H inner steps of b samples a round:
   costs measured on the run ([`StepTimeModel`], `batch/throughput.py`): a slow link (large C) or a large fixed cost
   per pass (a GPU below saturation) makes a larger b cheaper per sample;
 - statistical efficiency: what a sample is worth at batch b, relative to one at the reference batch b₀ (the initial
-  request). A step of b samples makes the progress of 1 / (1 + B_noise / b) noise-free steps (McCandlish et al.,
+  request). A step of B samples makes the progress of 1 / (1 + B_noise / B) noise-free steps (McCandlish et al.,
   2018, arXiv 1812.06162: S = S_min (1 + B_noise / B), E = E_min (1 + B / B_noise)), so a sample is worth
-  E(b) = (B_noise + b₀) / (B_noise + b): nearly 1 while b ≪ B_noise, falling once b passes it. B_noise is the
-  instance's smoothed noise scale tr Σ / ‖∇F‖² (`NoiseEstimate`), in Adam's metric with
-  `noise_preconditioner="adam"` (the noise scale that governs an Adam step). b is a worker's step batch: each
-  worker's inner steps are the steps whose noise the scale measures; the round's average of M workers then adds
-  the workers' samples as DiLoCo does at any batch.
+  E(b) = (B_noise + M b₀) / (B_noise + M b): nearly 1 while M b ≪ B_noise, falling once M b passes it. B_noise is
+  the instance's smoothed noise scale tr Σ / ‖∇F‖² (`NoiseEstimate`), in Adam's metric with
+  `noise_preconditioner="adam"` (the noise scale that governs an Adam step). The batch it is compared with is the
+  instance's, M b, as Pollux compares the whole data-parallel batch: the round averages the M workers'
+  pseudo-gradients, so past the critical batch a worker's samples add little to the others' however they are split.
+  (The first version compared B_noise with a worker's b alone, counting the M workers' samples as fully additive:
+  over a 10 Mbit/s link it grew the request to 34 per worker, 136 per instance step, and lost to a fixed 16 at equal
+  seconds; docs/results.md, issue 25.)
 
 Goodput G(b) = X(b) E(b) counts samples per second as if every one had been trained at b₀. The request is what
 switch mode turns it into (`plan_batch`: a request between max_batch_size and γ × it runs as max_batch_size, above
 it as A passes), per process with `processes_per_worker` = G (requests are multiples of G).
 
-The maximisation is exact and cheap: for a fixed number of passes A, G(b) ∝ b / ((K + Hβb)(B_noise + b)) with
-K = H(ω + Aα) + C, whose only maximum over b > 0 is at b* = √(K B_noise / (Hβ)); so the best request of each A lies
+The maximisation is exact and cheap: for a fixed number of passes A, G(b) ∝ b / ((K + Hβb)(B_noise / M + b)) with
+K = H(ω + Aα) + C, whose only maximum over b > 0 is at b* = √(K B_noise / (M Hβ)); so the best request of each A lies
 at b* rounded either way, or at an end of A's range of requests ([`best_request`]; tested against trying every
 request).
 """
@@ -71,9 +74,10 @@ class GoodputModel:
         return samples / seconds if seconds > 0 else math.inf
 
     def efficiency(self, request: int) -> float:
-        """What a sample of a step of `request` is worth against one of the reference batch."""
-        used = self.processes * self.plan(request).batch_size
-        return (self.noise_scale + self.reference) / (self.noise_scale + used)
+        """What a sample of a step of `request` is worth against one of the reference batch: the instance's step
+        batch (its M workers' samples) against B_noise (module docstring)."""
+        used = self.workers * self.processes * self.plan(request).batch_size
+        return (self.noise_scale + self.workers * self.reference) / (self.noise_scale + used)
 
     def goodput(self, request: int) -> float:
         """Samples per second, each counted at its worth at the reference batch."""
@@ -83,7 +87,7 @@ class GoodputModel:
         """Per-process requests in [low, high] among which the best one lies (module docstring)."""
         m, gamma = self.max_batch_size, self.switch_threshold
         t, h = self.times, self.inner_steps
-        d = self.noise_scale / self.processes  # B_noise in a process's samples
+        d = self.noise_scale / (self.processes * self.workers)  # B_noise in a process's samples of every worker
         found = {low, high}
 
         def add_range(lo: int, hi: int, passes: int) -> None:

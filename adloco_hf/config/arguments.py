@@ -165,7 +165,8 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             `"goodput"`: the request in [`batch_size_floor`, `batch_size_cap`] of the highest goodput, throughput ×
             statistical efficiency (Pollux): the throughput from the step times the run measures (switch mode's
             passes included) with the round's outer step spread over its inner steps, the efficiency
-            (B_noise + b₀) / (B_noise + b) from the smoothed noise scale (`batch/goodput.py`). Requests may fall
+            (B_noise + M b₀) / (B_noise + M b) of the instance's M workers from the smoothed noise scale
+            (`batch/goodput.py`). Requests may fall
             as well as grow; needs `batch_size_cap` and a `batch_size_test` that measures (not `"none"`).
         noise_scale_multiple (`float`, *optional*, defaults to `1.0`):
             See `batch_size_target`.

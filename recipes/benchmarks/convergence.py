@@ -23,6 +23,9 @@ training tokens reach the budget. Each method is one `accelerate launch` of the 
 | `diloco_slow1`, `adloco_slow1` | `diloco` / `adloco` with one of the workers (the last rank) in a cgroup with a CPU quota of a quarter of a core (`_slow_workers.py`): equal batches wait for it every round |
 | `diloco_balanced`, `adloco_balanced` | the same slow worker with `worker_batch_split="speed"`: each worker's share of the instance's batch follows its measured speed |
 | `diloco_streaming`, `diloco_streaming_int4`, `adloco_streaming`, `adloco_streaming_int4` | `diloco` / `adloco` as Streaming DiLoCo (`STREAMING`: 5 fragments, each all-reduce overlapped with H // 5 inner steps, α = 0.5), with bf16 or int4 pseudo-gradients |
+| `diloco_b4`, `diloco_b8`, `diloco_b16` | `diloco` at that fixed per-worker batch, learning rate × √(b / 4) (issue 25) |
+| `adloco_goodput`, `diloco_goodput` | `adloco` / `diloco` with the goodput rule (`batch_size_target="goodput"`), `lr_batch_scaling="sqrt"`, compact merges, `max_batch_size` 16; 1.5 × the token budget |
+| `adloco_norm` | `adloco_goodput` with the norm test's request (`batch_size_target="test"`) instead of the rule: what the rule itself adds |
 
 Without `--methods` the first nine run; the compression, overlap and slow-worker variants run only when named. A
 slow worker needs root and a cgroup `cpu` controller (v1 `cpu.cfs_quota_us` or v2 `cpu.max`); without them its
@@ -53,6 +56,10 @@ TCP sockets from `ss -tinpH` before and after training, evaluations excluded) an
     # One of 4 workers at a quarter of a core (sudo: a cgroup with a CPU quota), equal batches against a split by speed:
     sudo .venv/bin/python -m recipes.benchmarks.convergence --quick --methods diloco diloco_slow1 diloco_balanced \
         --output_dir outputs/benchmarks/slow-workers
+    # The same seconds for every method (evaluations excluded; each stops at the end of the first round after them),
+    # the token budget a ceiling:
+    python -m recipes.benchmarks.convergence --methods diloco_b4 adloco_norm adloco_goodput --budget_seconds 120 \
+        --budget_tokens 2048000 --inner_steps 5
     # GPU: MicroLlama's architecture, 4 workers sharing one GPU over gloo (NCCL-free), fp16:
     python -m recipes.benchmarks.convergence --device cuda --preset microllama --fp16
 
@@ -269,6 +276,13 @@ METHODS: dict[str, dict] = {
     "diloco_b8": {"kind": "adloco", "adloco": {**DILOCO, **FIXED_BATCH}, "batch_size": 8},
     "diloco_b16": {"kind": "adloco", "adloco": {**DILOCO, **FIXED_BATCH}, "batch_size": 16},
     "adloco_goodput": {"kind": "adloco", "adloco": {**ADLOCO, **GOODPUT}, "budget_factor": 1.5},
+    # adloco_goodput with the norm test's request instead of the goodput rule (everything else the same: instances,
+    # merges, micro-batch 16, square-root learning rate, compact merges): what the rule itself adds.
+    "adloco_norm": {
+        "kind": "adloco",
+        "adloco": {**ADLOCO, **GOODPUT, "batch_size_target": "test"},
+        "budget_factor": 1.5,
+    },
     "diloco_goodput": {
         "kind": "adloco",
         "adloco": {**DILOCO, **GOODPUT, "batch_size_test": "norm"},
@@ -350,6 +364,9 @@ CPU_BASE = {
         "eval_merged_model": False,
     },
     "timeout": 1200,
+    # Seconds of training per method (evaluations excluded; None: the token budget alone). With it every method
+    # stops at the end of the first round after that many seconds, and `budget_tokens` becomes a ceiling.
+    "budget_seconds": None,
 }
 PROFILES = {
     ("cpu", "quick"): {"budget_tokens": 1_024_000, "timeout": 600},
@@ -408,6 +425,8 @@ def shared_settings(args: argparse.Namespace) -> dict:
     settings["fp16"] = bool(args.fp16)
     if args.budget_tokens is not None:
         settings["budget_tokens"] = args.budget_tokens
+    if args.budget_seconds is not None:
+        settings["budget_seconds"] = args.budget_seconds
     for name in TRAIN_OVERRIDES:
         if getattr(args, name) is not None:
             settings["train"][name] = getattr(args, name)
@@ -595,7 +614,9 @@ def run_method(name: str, spec: dict, reuse: bool) -> dict:
         result = json.load(f)
     result["launch_seconds"] = seconds
     result["exit_code"] = code
-    if not result.get("budget_reached", True):
+    if result.get("stopped_by_time_at") is not None:
+        print(f"[{name}] stopped by the seconds budget at step {result['stopped_by_time_at']}", flush=True)
+    elif not result.get("budget_reached", True):
         print(f"[{name}] WARNING: stopped at {result['tokens']:,} tokens, below the budget", flush=True)
     if code != 0:
         print(f"[{name}] workers exited with {code} after writing their result (see {log_path})", flush=True)
@@ -1099,6 +1120,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", default=None, help="Model preset (default: tiny on CPU, microllama on CUDA).")
     parser.add_argument("--fp16", action="store_true", help="Mixed precision (CUDA only).")
     parser.add_argument("--budget_tokens", type=int, default=None, help="Training tokens per method.")
+    parser.add_argument(
+        "--budget_seconds",
+        type=float,
+        default=None,
+        help="Training seconds per method (evaluations excluded): every method stops at the end of the first round "
+        "after them, the same for all, and --budget_tokens (x each method's budget factor) becomes a ceiling.",
+    )
     parser.add_argument("--batch_size", type=int, default=None, help="Initial per-worker batch (DDP: fixed).")
     parser.add_argument("--learning_rate", type=float, default=None, help="Inner AdamW learning rate (all methods).")
     parser.add_argument("--inner_steps", type=int, default=None, help="H, inner steps per round.")
@@ -1131,6 +1159,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--fp16 needs --device cuda")
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
+    if args.budget_seconds is not None and not args.budget_seconds > 0:
+        parser.error(f"--budget_seconds must be positive, got {args.budget_seconds}")
     problem = check_matched(args.methods)
     if problem:
         parser.error(problem)

@@ -32,7 +32,8 @@ from recipes.benchmarks._common import interpolate_curve, table, write_json
 
 FIXED = ("diloco_b4", "diloco_b8", "diloco_b16")
 GOODPUT = "adloco_goodput"  # the method; its targets
-VARIANTS = ("adloco_goodput", "diloco_goodput")  # reported alike, where they ran
+# Reported alike, where they ran; adloco_norm: adloco_goodput with the norm test (what the rule itself adds).
+VARIANTS = ("adloco_goodput", "adloco_norm", "diloco_goodput")
 # bandwidth → the most adloco_goodput may take of the best fixed batch's wall time
 WALL_TARGETS = {"10mbit": 0.8, "100mbit": 1.0, "no limit": 1.05}
 UNLIMITED = ("10gbit", "no limit")  # a tbf this fast limits nothing these CPU workers send

@@ -25,8 +25,9 @@ def test_goodput_is_throughput_times_efficiency_of_what_switch_mode_runs():
     gm = model()
     # Request 6: one pass of 6; a round is 10 × (0.01 + 0.02 + 0.005 × 6) + 1 = 1.6 s for 2 × 6 × 10 samples.
     assert gm.throughput(6) == pytest.approx(120 / 1.6)
-    assert gm.efficiency(6) == pytest.approx((32 + 4) / (32 + 6))
-    assert gm.goodput(6) == pytest.approx(120 / 1.6 * 36 / 38)
+    # Efficiency: the instance's step batch (2 workers × 6) against B_noise 32, the reference 2 × 4.
+    assert gm.efficiency(6) == pytest.approx((32 + 8) / (32 + 12))
+    assert gm.goodput(6) == pytest.approx(120 / 1.6 * 40 / 44)
     # Request 12 lies in switch mode's capped band (8 < 12 <= 16): it runs as 8, and is worth what 8 is.
     assert gm.goodput(12) == gm.goodput(8)
     # Request 20 accumulates 3 passes of 7, 7, 6.
@@ -39,17 +40,28 @@ def test_each_process_of_a_worker_runs_its_share():
     gm = model(g=2, m=4)
     # Request 12 per worker: each process plans 6 > 4 (capped band to 8): runs 4, a worker uses 8.
     assert gm.plan(12) == plan_batch(6, 4, 2.0)
-    assert gm.efficiency(12) == pytest.approx((32 + 4) / (32 + 8))
+    assert gm.efficiency(12) == pytest.approx((32 + 2 * 4) / (32 + 2 * 8))
     assert gm.throughput(12) == pytest.approx(2 * 2 * 4 * 10 / (10 * (0.01 + 0.02 + 0.005 * 4) + 1))
 
 
 def test_the_best_request_of_one_pass_is_the_square_root_rule():
     # No fixed cost but the round's: b* = √(K B_noise / (H β)), K = H (ω + α) + C = 1.
-    gm = model(times=(0.0, 0.0, 0.001, 1.0), noise=100.0, h=10, m=1000, ref=1)
+    gm = model(times=(0.0, 0.0, 0.001, 1.0), noise=100.0, h=10, workers=1, m=1000, ref=1)
     best = math.sqrt(1.0 * 100.0 / (10 * 0.001))
     assert best == pytest.approx(100.0)
     assert gm.best_request(1, 1000) == 100
     assert brute_force(gm, 1, 1000) == 100
+    # M workers: the noise scale is shared by the instance's step of M b, so b* = √(K B_noise / (M H β)).
+    four = model(times=(0.0, 0.0, 0.001, 1.0), noise=100.0, h=10, workers=4, m=1000, ref=1)
+    assert four.best_request(1, 1000) == 50 == brute_force(four, 1, 1000)
+
+
+def test_the_efficiency_is_that_of_the_instances_step_batch():
+    # 4 workers of b are worth what one worker of 4 b is (same noise scale, the reference scaled alike).
+    four, one = model(workers=4, m=64, ref=2), model(workers=1, m=256, ref=8)
+    for b in (2, 3, 8, 40):
+        assert four.efficiency(b) == pytest.approx(one.efficiency(4 * b))
+    assert four.efficiency(2) == 1.0 and four.efficiency(8) < model(workers=1, m=64, ref=2).efficiency(8)
 
 
 @pytest.mark.parametrize("seed", range(300))
@@ -85,7 +97,7 @@ def test_a_request_outside_the_multiples_of_g_is_refused():
 
 
 def test_the_hysteresis_keeps_a_request_that_gains_too_little():
-    gm = model(times=(0.0, 0.0, 0.001, 1.0), noise=100.0, h=10, m=1000, ref=1)
+    gm = model(times=(0.0, 0.0, 0.001, 1.0), noise=100.0, h=10, workers=1, m=1000, ref=1)
     # 95 is within a fraction of a percent of the best (100): kept at 5 %, moved at 0.
     near = choose_request(gm, current=95, low=1, high=1000, hysteresis=0.05)
     assert near.request == 95 and near.goodput == near.kept == gm.goodput(95)

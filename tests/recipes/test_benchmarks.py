@@ -233,12 +233,28 @@ def test_method_specs_share_everything_but_their_own_settings(tmp_path):
         convergence.shared_settings(convergence.parse_args(["--set", "adloco.no_such_key=1"]))
 
 
+def test_a_seconds_budget_reaches_every_methods_spec_and_must_be_positive(tmp_path):
+    settings = convergence.shared_settings(convergence.parse_args(["--quick"]))
+    assert convergence.method_spec("diloco_b4", settings, str(tmp_path))["budget_seconds"] is None
+    args = convergence.parse_args(["--quick", "--budget_seconds", "120", "--budget_tokens", "2048000"])
+    settings = convergence.shared_settings(args)
+    for name in ("ddp", "diloco_b4", "diloco_b16", "adloco_norm", "adloco_goodput"):
+        spec = convergence.method_spec(name, settings, str(tmp_path))
+        assert spec["budget_seconds"] == 120.0  # the same seconds for every method; tokens stay a ceiling
+        assert spec["budget_tokens"] >= 2048000
+    for bad in ("0", "-5"):
+        with pytest.raises(SystemExit):
+            convergence.parse_args(["--budget_seconds", bad])
+
+
 def test_the_goodput_methods_and_the_fixed_batches_they_are_compared_with(tmp_path):
     settings = convergence.shared_settings(convergence.parse_args(["--quick", "--learning_rate", "0.002"]))
     specs = {
         name: convergence.method_spec(name, settings, str(tmp_path))
-        for name in ("diloco", "diloco_b4", "diloco_b8", "diloco_b16", "adloco", "adloco_goodput", "diloco_goodput")
-    }
+        for name in (
+            "diloco", "diloco_b4", "diloco_b8", "diloco_b16", "adloco", "adloco_goodput", "adloco_norm", "diloco_goodput"
+        )
+    }  # fmt: skip
     for batch in (4, 8, 16):  # DiLoCo at a fixed batch, at the square-root rule's learning rate for it
         spec = specs[f"diloco_b{batch}"]
         assert spec["train"]["batch_size"] == batch
@@ -251,6 +267,11 @@ def test_the_goodput_methods_and_the_fixed_batches_they_are_compared_with(tmp_pa
     assert goodput["adloco"]["batch_size_target"] == "goodput" and goodput["adloco"]["merge_payload"] == "compact"
     assert goodput["train"] == specs["diloco"]["train"]  # from the initial batch 4, the shared learning rate
     assert goodput["budget_tokens"] == int(1.5 * settings["budget_tokens"])
+    # adloco_norm: adloco_goodput with the norm test's request instead of the rule, nothing else changed.
+    norm = specs["adloco_norm"]
+    assert {k for k in goodput["adloco"] if goodput["adloco"][k] != norm["adloco"][k]} == {"batch_size_target"}
+    assert norm["adloco"]["batch_size_target"] == "test" and norm["adloco"]["batch_size_test"] == "norm"
+    assert norm["train"] == goodput["train"] and norm["budget_tokens"] == goodput["budget_tokens"]
     single = specs["diloco_goodput"]["adloco"]
     assert single["num_instances"] == 1 and single["batch_size_test"] == "norm"
     goodput["backend"] = None  # built in this process: no process group to form
@@ -311,7 +332,7 @@ def test_compression_and_overlap_variants_change_only_their_settings_and_make_a_
             "adloco_paper_outer", "adloco_sqrt_lr")  # fmt: skip
     assert convergence.DEFAULT_METHODS == nine
     assert convergence.parse_args([]).methods == list(nine)  # the variants run only when named
-    goodput = {"diloco_b4", "diloco_b8", "diloco_b16", "adloco_goodput", "diloco_goodput"}  # issue 25's (below)
+    goodput = {"diloco_b4", "diloco_b8", "diloco_b16", "adloco_goodput", "adloco_norm", "diloco_goodput"}  # issue 25's
     assert set(convergence.METHODS) == set(nine) | set(VARIANTS) | {"adloco_paper"} | goodput
     args = convergence.parse_args(["--quick", "--methods", *VARIANTS])
     assert args.methods == list(VARIANTS) and convergence.run_order(args.methods) == list(VARIANTS)

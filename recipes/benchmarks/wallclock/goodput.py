@@ -6,8 +6,8 @@ linear in the sequences, the optimizer step, the outer step's local work) and th
 (the bf16 ring all-reduce over the link, the two control collectives), and a noise scale that grows during
 training (an assumption: the critical batch starts small and grows, Merrill et al. 2025, arXiv 2505.23971; stated
 with the results). The tokens the run needs follow the same efficiency model the rule uses (McCandlish et al.,
-2018): a step of b sequences is worth (B_noise + b₀) / (B_noise + b) of a step at the initial batch b₀ per
-sequence, so the run trains until those weighted tokens reach DiLoCo's tokens to target at b₀.
+2018): a step of b sequences on each of M workers is worth (B_noise + M b₀) / (B_noise + M b) of a step at the
+initial batch b₀ per sequence, so the run trains until those weighted tokens reach DiLoCo's tokens to target at b₀.
 """
 
 import math

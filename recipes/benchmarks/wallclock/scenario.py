@@ -309,7 +309,7 @@ def _goodput_assumption(scenario: Scenario, goodput: GoodputAssumptions | None) 
         f"scale growing linearly over the run from {goodput.noise_start_tokens:.3g} to {goodput.noise_end_tokens:.3g} "
         "tokens (an assumption: the critical batch of a 1B model starts small and grows, Merrill et al. 2025; not "
         f"measured), hysteresis {goodput.hysteresis:g}, requests in [{scenario.batch}, {goodput.cap}] sequences; it "
-        "trains until its tokens, each weighted by the rule's efficiency (B + b0) / (B + b), reach DiLoCo's tokens to "
+        "trains until its tokens, each weighted by the rule's efficiency (B + M b0) / (B + M b) (M workers), reach DiLoCo's tokens to "
         "target"
     )
 
