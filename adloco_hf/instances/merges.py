@@ -4,14 +4,16 @@ Two transports (`AdLoCoConfig.merge_transport`), with P the payload of one insta
 in float32, 8 bytes per trainable parameter (4 without momentum); with `merge_payload="compact"` the all-reduce
 transport sends φ in bfloat16 and the momentum as int8 blocks instead, P ≈ 3 bytes a parameter (`payload.py`):
 
-- `"all_reduce"` (`all_reduce_merge`): one weighted all-reduce of (φ, momentum) over the workers of both merging
-  instances (`messages.plan_collectives`), a broadcast of its instance's state to each worker that moves to another
-  instance, and the merged φ (P / 2 with momentum) to the checkpoint writer when it is outside the merge. Every
-  worker keeps its own inner-optimizer (AdamW) state. Bytes sent: 2 (n − 1) P over the n members (both instances'
-  workers, and any worker that joins the survivor from a third instance; ring model, `outer.ring_all_reduce_bytes`), (k − 1) P for a broadcast to k − 1 workers, P / 2 for the save. Link time: the
-  all-reduce ≈ 2 (n − 1) / n P per worker, < 2 P, then ≈ P for a worker that moves (one receiver), the broadcasts of
-  different instances side by side: ≤ 3 P in all (plus P / 2 in the one case where the writer is outside the merge
-  and also the source of a broadcast).
+- `"all_reduce"` (`all_reduce_merge`, `messages.plan_collectives`): the survivor's workers after the merge (n
+  members: those of both merging instances that stay, and any that joins from a third instance) all-reduce the
+  weighted sum of (φ, momentum); a worker of a merging instance that `redistribute` moves to another instance (a
+  leaver) only hands its weighted contribution to one member, point to point, while it receives its new instance's
+  state in a broadcast from that instance's first worker; the merged φ (P / 2 with momentum) goes to the checkpoint
+  writer when it is not a member. Every worker keeps its own inner-optimizer (AdamW) state. Bytes sent: P per
+  leaver, 2 (n − 1) P over the members (ring model, `outer.ring_all_reduce_bytes`; nothing for n = 1), (k − 1) P for
+  a broadcast to k − 1 workers, P / 2 for the save. Link time: a leaver ≈ P (P up and P down at once); a member
+  ≈ P down per hand-off it takes (round robin over the members), then 2 (n − 1) / n P < 2 P; the broadcasts of
+  different instances side by side: ≤ 3 P per link (plus P / 2 where the writer is outside the merge).
 - `"point_to_point"` (`execute_merge`): blocking sends in one global order (`messages.plan_transfers`): the merged
   instance's state to the survivor's first worker, the merged state to each other worker of the survivor one after
   the other, and the first worker's AdamW state (≈ P more) to each worker that joins an instance: ≈ n P on the
@@ -37,7 +39,7 @@ from ..common.layout import WorkerLayout
 from ..config.choices import MERGE_TRANSPORTS
 from ..outer.step import GlobalModel
 from .messages import MergeCollectives, Transfer, plan_collectives, plan_transfers
-from .payload import Float32Payload, all_reduce_share, broadcast_state, merge_payload
+from .payload import Float32Payload, all_reduce_share, broadcast_state, merge_payload, recv_handoffs, start_handoff
 from .table import Instance, MergePlan, final_merge_weights, instance_of
 
 
@@ -82,6 +84,7 @@ class MergeOutcome:
     sent_bytes: int
     merged_phi: torch.Tensor | None  # the survivor's new weights, where this rank has them
     changed_instance: bool
+    received_bytes: int | None = None  # counted by `all_reduce_merge` (its all-reduce by the ring model)
 
 
 def _send_global(phi: torch.Tensor, momentum: torch.Tensor | None, dst: int, group=None) -> int:
@@ -192,9 +195,10 @@ def all_reduce_merge(
     """Run this rank's part of `collectives` (`merge_transport="all_reduce"`, module docstring).
 
     Every rank first creates the process groups of `collectives.groups` in order (collective over the world, even for
-    non-members), then: the weighted all-reduce if it is a member, its broadcast if it takes part in one, the save.
-    Everything sent is this rank's state from before the merge; results are applied at the end. The inner optimizer
-    is left alone: every worker keeps its own.
+    non-members), then: a leaver starts sending its hand-off (over `group`), a member receives the hand-offs it takes
+    and runs the weighted all-reduce, a rank in a broadcast takes part in it, a leaver waits for its hand-off, then
+    the save. Everything sent is this rank's state from before the merge; results are applied at the end. The inner
+    optimizer is left alone: every worker keeps its own.
 
     Args:
         plan: the merge (identical on every rank).
@@ -203,7 +207,7 @@ def all_reduce_merge(
         global_model: this worker's φ and outer momentum.
         with_momentum: whether the outer SGD has momentum to carry (outer_momentum > 0).
         groups: a `distributed.ProcessGroupCache` (the worker's: groups are kept for the run).
-        group: the group of the save message (a group of the whole world; the default group when None).
+        group: the group of the hand-offs and the save message (a group of the whole world; the default when None).
         layout, local_rank: as in `execute_merge` (each local rank runs the collectives over its own ranks).
         payload: what travels, `instances/payload.py` (`merge_payload`): float32 (None) or compact.
     """
@@ -218,14 +222,19 @@ def all_reduce_merge(
     for ranks in collectives.groups:  # every rank, in the same order: new_group is collective
         for local in local_ranks:
             groups.get(_local_groups(layout, local, ranks))
-    sent = 0
+    sent = received = 0
     merged = incoming = saved_phi = None
     before = instance_of(list(plan.before), rank)
+    pending = []  # a leaver's hand-off, in flight while it takes part in its new instance's broadcast
+    for handoff in (h for h in collectives.handoffs if h.src == rank):
+        pending, sent = start_handoff(payload, state, collectives.weights[rank], dst=peer(handoff.dst), group=group)
     if rank in collectives.members:
-        members_group = groups.get(_local_groups(layout, local_rank, collectives.members))
-        weight = collectives.weights[rank]
-        merged, share = payload.all_reduce(state, weight, members_group, collectives.members, rank)
-        sent += share
+        srcs = [peer(h.src) for h in collectives.handoffs if h.dst == rank]
+        taken, received = recv_handoffs(payload, srcs, group=group, like=phi, with_momentum=with_momentum)
+        members = collectives.members
+        members_group = groups.get(_local_groups(layout, local_rank, members)) if len(members) > 1 else None
+        merged, share = payload.all_reduce(state, collectives.weights[rank], members_group, members, rank, taken)
+        sent, received = sent + share, received + share  # the ring model: a member receives what it sends
     for broadcast in collectives.broadcasts:
         if rank in before.workers and broadcast.instance == before.id:
             kept = payload.exact(state)  # what the joining workers decode: every holder keeps the same
@@ -234,7 +243,7 @@ def all_reduce_merge(
         if rank not in broadcast.ranks:
             continue
         broadcast_group = groups.get(_local_groups(layout, local_rank, broadcast.ranks))
-        received, per_receiver = broadcast_state(
+        got, per_receiver = broadcast_state(
             payload,
             state,
             src=peer(broadcast.src),
@@ -244,22 +253,25 @@ def all_reduce_merge(
             with_momentum=with_momentum,
         )
         sent += (len(broadcast.ranks) - 1) * per_receiver
-        if received is not None:
-            incoming = received
+        if got is not None:
+            incoming = got
+            received += payload.state_bytes(phi.numel(), with_momentum)
+    for work in pending:
+        work.wait()
     if collectives.save_src is not None:
         if rank == collectives.save_src:
             sent += payload.send_saved(merged[0], peer(collectives.writer), group)
         elif rank == collectives.writer:
             saved_phi = payload.recv_saved(phi, peer(collectives.save_src), group)
+            received += payload.state_bytes(phi.numel(), False)
     now = instance_of(list(plan.after), rank).id
     new_state = merged if now == plan.survivor else incoming
     if new_state is not None:
         global_model.load_flat(new_state[0], new_state[1] if with_momentum else None)
         global_model.copy_to_params()
     if saved_phi is None and merged is not None:
-        saved_phi = global_model.phi.detach() if now == plan.survivor else merged[0].to(phi.device)
-    changed = before.id != now
-    return MergeOutcome(sent, saved_phi, changed_instance=changed)
+        saved_phi = global_model.phi.detach()  # only the survivor's workers (the members) hold the merged state
+    return MergeOutcome(sent, saved_phi, changed_instance=before.id != now, received_bytes=received)
 
 
 @torch.no_grad()

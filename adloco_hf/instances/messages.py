@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from .table import MergePlan
 
 
-__all__ = ["Broadcast", "MergeCollectives", "Transfer", "plan_collectives", "plan_transfers"]
+__all__ = ["Broadcast", "HandOff", "MergeCollectives", "Transfer", "plan_collectives", "plan_transfers"]
 
 
 @dataclass(frozen=True)
@@ -63,42 +63,61 @@ class Broadcast:
 
 
 @dataclass(frozen=True)
+class HandOff:
+    """A leaver's weighted contribution (its factor × φ and momentum) to a worker that stays in the survivor."""
+
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True)
 class MergeCollectives:
     """A merge as collectives (`merge_transport="all_reduce"`); every rank runs its part in this order.
 
-    1. One all-reduce (a sum) over `members`: the workers of both merging instances, and any worker that joins the
-       survivor from a third instance. Each contributes `weights[rank]` × (φ, momentum) of its instance: w_i / n_i
-       for a worker of merging instance i (its merge weight over its number of workers), 0 for one that joins from
-       elsewhere, so the sum is w_survivor·φ_s + w_merged·φ_m on every member.
-    2. `broadcasts`, in instance id order: a non-merging instance's φ and momentum to the workers it gains. Their
-       groups are disjoint, so they run side by side.
-    3. `save_src` sends the merged φ to `writer` (the rank that writes checkpoints) when it is not a member.
+    Every worker of the two merging instances contributes `weights[rank]` × (φ, momentum) of its instance: w_i / n_i
+    for a worker of merging instance i (its merge weight over its number of workers), so the contributions add up to
+    w_survivor·φ_s + w_merged·φ_m. A worker that joins the survivor from a third instance contributes 0.
+
+    1. `handoffs`: each leaver (a merging instance's worker that is not among the survivor's workers after the merge:
+       `redistribute` moves it to another instance) sends its contribution, point to point, to one of the `members`
+       (round robin, ascending), which adds it to its own; a leaver does not receive the merged state.
+    2. One all-reduce (a sum) over `members`: the survivor's workers after the merge (those of the merging instances
+       that stay, and those that join from a third instance), so every member ends with the sum. With one member
+       there is nothing to reduce.
+    3. `broadcasts`, in instance id order: a non-merging instance's φ and momentum to the workers it gains. Their
+       groups are disjoint, so they run side by side, and side by side with the hand-offs: a leaver sends its
+       contribution while it receives its new instance's state.
+    4. `save_src` (the first member) sends the merged φ to `writer` (the rank that writes checkpoints) when it is not
+       a member.
 
     Inner-optimizer state is not sent: every worker keeps its own. `groups` lists the process groups, in the order
     every rank creates them (`new_group` is collective over the world).
     """
 
     members: tuple[int, ...]
-    weights: dict[int, float]
+    weights: dict[int, float]  # every contributor: the members and the leavers
+    handoffs: tuple[HandOff, ...]
     broadcasts: tuple[Broadcast, ...]
     writer: int
     save_src: int | None
 
     @property
     def groups(self) -> list[tuple[int, ...]]:
-        return [self.members] + [b.ranks for b in self.broadcasts]
+        return ([self.members] if len(self.members) > 1 else []) + [b.ranks for b in self.broadcasts]
 
 
 def plan_collectives(plan: MergePlan, *, writer_rank: int = 0, save: bool = True) -> MergeCollectives:
     """The collectives that carry out `plan` (see [`MergeCollectives`]); pure, the same on every rank."""
     before = {inst.id: inst for inst in plan.before}
     survivor, merged = before[plan.survivor], before[plan.merged]
-    survivor_after = next(inst for inst in plan.after if inst.id == plan.survivor)
-    members = tuple(sorted(set(survivor.workers) | set(merged.workers) | set(survivor_after.workers)))
+    members = next(inst for inst in plan.after if inst.id == plan.survivor).workers
+    members = tuple(sorted(members))  # at least one of the survivor's own workers (`redistribute` keeps them first)
+    leavers = sorted((set(survivor.workers) | set(merged.workers)) - set(members))
     weights = {rank: 0.0 for rank in members}
     for inst, weight in zip((survivor, merged), plan.weights):
         for rank in inst.workers:
             weights[rank] = weight / len(inst.workers)
+    handoffs = tuple(HandOff(rank, members[i % len(members)]) for i, rank in enumerate(leavers))
     broadcasts = []
     for inst in sorted(plan.after, key=lambda x: x.id):
         if inst.id == plan.survivor:
@@ -107,5 +126,5 @@ def plan_collectives(plan: MergePlan, *, writer_rank: int = 0, save: bool = True
         if joined:
             src = before[inst.id].first_worker  # holds its instance's state, and stays (`redistribute`)
             broadcasts.append(Broadcast(inst.id, src, tuple(sorted(joined | {src}))))
-    save_src = survivor.first_worker if save and writer_rank not in members else None
-    return MergeCollectives(members, weights, tuple(broadcasts), writer_rank, save_src)
+    save_src = members[0] if save and writer_rank not in members else None
+    return MergeCollectives(members, weights, handoffs, tuple(broadcasts), writer_rank, save_src)

@@ -1,18 +1,22 @@
 """What a merge sends, and in which precision (`merge_payload`), for `merge_transport="all_reduce"`.
 
 A merge moves instance states, φ and the outer momentum: into the survivor's weighted average (one all-reduce over
-its members) and to the workers that join another instance (a broadcast from its first worker).
+its members, after the workers that leave it handed their weighted contributions to a member: `start_handoff`,
+`recv_handoffs`, in the same encoding as a broadcast) and to the workers that join another instance (a broadcast from
+its first worker).
 
 - `"float32"`: φ and the momentum as they are, 8 bytes a parameter: an all-reduce of n members takes
-  2 (n − 1) / n × 8 bytes a parameter of link time, 6 bf16 model-times at n = 4, and a move another 4.
+  2 (n − 1) / n × 8 bytes a parameter of link time, 6 bf16 model-times at n = 4; a leaver sends 4 while it
+  receives 4 (its new instance's state).
 - `"compact"`: what a merge needs in the precision it needs: φ in bfloat16 (the all-reduce sums bf16 values, each
-  member's φ × its weight; the result, exact in bf16, becomes every member's float32 φ) and the outer momentum as
-  int8 blocks of `compression_block_size` values with one float32 scale each, averaged by the int8 ring of the
-  pseudo-gradient (`outer/ring.py`: it re-quantizes partial sums; every member decodes the same bytes). About
-  2 + 1.02 bytes a parameter: 2.3 bf16 model-times at n = 4, 1.5 at n = 2, and a move 1.5. The momentum's error is
-  not fed back (a worker's residual would differ between the members, whose momenta must stay equal); it decays by
-  the outer momentum every round. A broadcast sends the same encoding, and every worker of the instance that sends it
-  applies the same rounding to its own state, so the instance's workers still hold equal φ and momentum.
+  member's φ × its weight plus the contributions handed to it, rounded once; the result, exact in bf16, becomes
+  every member's float32 φ) and the outer momentum as int8 blocks of `compression_block_size` values with one
+  float32 scale each, averaged by the int8 ring of the pseudo-gradient (`outer/ring.py`: it re-quantizes partial
+  sums; every member decodes the same bytes). About 2 + 1.02 bytes a parameter: 2.3 bf16 model-times at n = 4, 1.5
+  at n = 2, and a leaver 1.5 up while it receives 1.5. The momentum's error is not fed back (a worker's residual
+  would differ between the members, whose momenta must stay equal); it decays by the outer momentum every round. A
+  hand-off sends the broadcasts' encoding of the leaver's weighted state. A broadcast's source instance applies the
+  rounding the receivers decode to its own state, so the instance's workers still hold equal φ and momentum.
 
 Measured in `recipes/benchmarks/merge_precision.py` (the merged model's perplexity against the float32 merge's) and on
 rate-limited links in `recipes/benchmarks/links.py`.
@@ -35,6 +39,8 @@ __all__ = [
     "all_reduce_share",
     "broadcast_state",
     "merge_payload",
+    "recv_handoffs",
+    "start_handoff",
 ]
 
 MOMENTUM_BITS = 8
@@ -55,6 +61,15 @@ def _weighted(tensor: torch.Tensor, weight: float, device: torch.device) -> torc
     return tensor.to(device, torch.float32).mul(weight)
 
 
+def _contribution(state, weight: float, device: torch.device, received) -> list[torch.Tensor]:
+    """weight × state plus the received (already weighted) contributions, float32 on `device`."""
+    total = [_weighted(t, weight, device) for t in state]
+    for other in received:
+        for mine, theirs in zip(total, other):
+            mine.add_(theirs.to(device))
+    return total
+
+
 class Float32Payload:
     """φ and the outer momentum in float32 (module docstring)."""
 
@@ -63,14 +78,20 @@ class Float32Payload:
     def state_bytes(self, numel: int, with_momentum: bool) -> int:
         return numel * 4 * (2 if with_momentum else 1)
 
-    def all_reduce(self, state, weight: float, group, members: tuple[int, ...], rank: int):
-        """Σ over the members of weight × state, the same on every member (float32, on the comm device); and the
-        bytes this member sent."""
+    def all_reduce(self, state, weight: float, group, members: tuple[int, ...], rank: int, received=()):
+        """Σ over the members of weight × state, plus the `received` contributions (decoded hand-offs, already
+        weighted), the same on every member (float32, on the comm device); and the bytes this member sent. With one
+        member nothing travels."""
         on = comm_device(state[0].device)
-        merged = [_weighted(t, weight, on) for t in state]
-        for tensor in merged:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        merged = _contribution(state, weight, on, received)
+        if len(members) > 1:
+            for tensor in merged:
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
         return merged, all_reduce_share(sum(t.numel() * 4 for t in state), members, rank)
+
+    def handoff(self, state, weight: float):
+        """What a leaver sends the member that adds its contribution: weight × state, in float32."""
+        return [_weighted(t, weight, comm_device(state[0].device)) for t in state]
 
     def encode(self, state):
         """What a broadcast sends of `state` (the source only reads it)."""
@@ -108,24 +129,33 @@ class CompactPayload:
     def state_bytes(self, numel: int, with_momentum: bool) -> int:
         return numel * 2 + (self._momentum_bytes(numel) if with_momentum else 0)
 
-    def all_reduce(self, state, weight: float, group, members: tuple[int, ...], rank: int):
+    def all_reduce(self, state, weight: float, group, members: tuple[int, ...], rank: int, received=()):
+        """As `Float32Payload.all_reduce`: this member's contribution (its own and the received ones, added in
+        float32) is rounded to bf16 once before the bf16 sum; the momentum goes through the int8 ring."""
         phi = state[0]
         on = comm_device(phi.device)
-        summed = _weighted(phi, weight, on).to(torch.bfloat16)
-        dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group)
+        contribution = _contribution(state, weight, on, received)
+        summed = contribution[0].to(torch.bfloat16)
+        sent = 0
+        if len(members) > 1:
+            dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group)
+            sent = all_reduce_share(phi.numel() * 2, members, rank)
         merged = [summed.to(phi.device, torch.float32)]
-        sent = all_reduce_share(phi.numel() * 2, members, rank)
         if len(state) > 1:
-            # The ring averages: each member puts in n × its weighted momentum, so the mean is the weighted sum.
-            ring = ring_all_reduce_mean(
-                _weighted(state[1], weight * len(members), state[1].device),
-                group,
-                bits=MOMENTUM_BITS,
-                block_size=self.block_size,
-            )
-            merged.append(ring.mean)
-            sent += ring.bytes_sent
+            momentum = contribution[1].to(state[1].device)
+            if len(members) > 1:
+                # The ring averages: each member puts in n × its contribution, so the mean is the weighted sum.
+                ring = ring_all_reduce_mean(
+                    momentum.mul_(len(members)), group, bits=MOMENTUM_BITS, block_size=self.block_size
+                )
+                momentum = ring.mean
+                sent += ring.bytes_sent
+            merged.append(momentum)
         return merged, sent
+
+    def handoff(self, state, weight: float):
+        """What a leaver sends the member that adds its contribution: weight × state, encoded as a broadcast is."""
+        return self.encode([_weighted(t, weight, t.device) for t in state])
 
     def encode(self, state):
         wire = [state[0].detach().to(torch.bfloat16)]
@@ -176,3 +206,22 @@ def broadcast_state(payload, state, *, src: int, group, is_src: bool, like: torc
     wire = payload.empty(like, with_momentum)
     broadcast_tensors(wire, src=src, group=group)
     return payload.decode(wire, like), 0
+
+
+def start_handoff(payload, state, weight: float, *, dst: int, group) -> tuple[list, int]:
+    """Start sending a leaver's contribution (`payload.handoff`) to global rank `dst` without waiting: the leaver
+    receives its new instance's broadcast meanwhile. Returns (the pending sends, to wait on; the bytes sent)."""
+    wire = [t.contiguous() for t in payload.handoff(state, weight)]
+    works = [dist.isend(t, dst=dst, group=group) for t in wire]
+    return works, sum(t.numel() * t.element_size() for t in wire)
+
+
+def recv_handoffs(payload, srcs, *, group, like: torch.Tensor, with_momentum: bool) -> tuple[list, int]:
+    """The contributions of the leavers at global ranks `srcs`, in order, decoded (float32, weighted); and the bytes
+    received."""
+    taken, received = [], 0
+    for src in srcs:
+        wire = [recv_tensor(t, src, group) for t in payload.empty(like, with_momentum)]
+        taken.append(payload.decode(wire, like))
+        received += sum(t.numel() * t.element_size() for t in wire)
+    return taken, received

@@ -15,8 +15,9 @@ import torch.distributed as dist
 from distributed_helpers import GROUP_TIMEOUT_S, run_workers
 
 from adloco_hf.common.distributed import ProcessGroupCache, WorkerMonitor
+from adloco_hf.common.layout import WorkerLayout
 from adloco_hf.instances.merges import all_reduce_merge, execute_merge, final_merge, merge_at_round_end
-from adloco_hf.instances.messages import Broadcast, plan_collectives, plan_transfers
+from adloco_hf.instances.messages import Broadcast, HandOff, plan_collectives, plan_transfers
 from adloco_hf.instances.payload import CompactPayload, Float32Payload
 from adloco_hf.instances.table import Instance, final_merge_weights, instance_of, plan_merge
 from adloco_hf.outer.step import GlobalModel, ring_all_reduce_bytes
@@ -40,10 +41,12 @@ MERGES = {
     # The merged-away instance has not stepped yet: its momentum counts as zero.
     "two_instances_fresh_momentum": (_table((0, (0, 1), 3), (1, (2, 3), 1)), True, (1,)),
     # Demands 2, 3, 1: instance 2 ({2}) merges into instance 0 ({0, 3}), weights 2/3, 1/3; worker 2 sends its
-    # weights to the survivor and then joins instance 1 ({1}) in the same merge.
+    # weights to the survivor and then joins instance 1 ({1}) in the same merge. All-reduce transport: worker 2
+    # leaves, so it hands its contribution to worker 0 while it receives instance 1's state; 0 and 3 all-reduce.
     "three_instances_survivor_has_rank_0": (_table((0, (0, 3), 1), (1, (1,), 3), (2, (2,), 1)), True, ()),
     # Demands 8, 1, 2: instance 1 ({1}) merges into instance 2 ({2}), weights 2/3, 1/3; worker 1 then joins
-    # instance 0, and the survivor's weights go to rank 0 (the checkpoint writer) in a "save" message.
+    # instance 0, and the survivor's weights go to rank 0 (the checkpoint writer) in a "save" message. All-reduce
+    # transport: worker 1 hands its contribution to worker 2, the one member left (no all-reduce).
     "three_instances_save_to_writer": (_table((0, (0, 3), 4), (1, (1,), 1), (2, (2,), 2)), True, ()),
     # Demands 4, 4, 3: instance 2 ({3}) merges into instance 0 ({0}), weights 4/7, 3/7; the survivor's demand earns
     # it three workers, so worker 2 leaves instance 1 ({1, 2}) for it.
@@ -148,6 +151,7 @@ def merging_worker(rank: int, world_size: int) -> dict:
             "before": before,
             "after": _snapshot(gm, inner),
             "sent_bytes": outcome.sent_bytes,
+            "received_bytes": outcome.received_bytes,
             "merged_phi": None if outcome.merged_phi is None else outcome.merged_phi.clone(),
             "changed_instance": outcome.changed_instance,
             "world_size": dist.get_world_size(),
@@ -165,6 +169,7 @@ def merging_worker(rank: int, world_size: int) -> dict:
             "before": before,
             "after": _snapshot(gm, inner),
             "sent_bytes": outcome.sent_bytes,
+            "received_bytes": outcome.received_bytes,
             "merged_phi": None if outcome.merged_phi is None else outcome.merged_phi.clone(),
             "changed_instance": outcome.changed_instance,
         }
@@ -371,30 +376,84 @@ def test_final_merge_without_a_process_group_changes_nothing():
 
 # ---- merge_transport="all_reduce" ----
 def test_the_collectives_of_each_case():
-    """Who takes part in the all-reduce with which factor, who broadcasts to whom, who sends the writer its φ."""
+    """Who takes part in the all-reduce with which factor, who hands its contribution to whom, who broadcasts to
+    whom, who sends the writer its φ."""
     expected = {
         # Both instances' workers, each with its instance's weight over its number of workers; nobody moves elsewhere.
-        "two_instances": ((0, 1, 2, 3), {0: 3 / 8, 1: 3 / 8, 2: 1 / 8, 3: 1 / 8}, (), None),
-        # Worker 2 moves to instance 1: its first worker broadcasts to it.
-        "three_instances_survivor_has_rank_0": ((0, 2, 3), {0: 1 / 3, 3: 1 / 3, 2: 1 / 3}, (Broadcast(1, 1, (1, 2)),), None),
-        # Worker 1 moves to instance 0; rank 0 is outside the merge: the survivor's worker 2 sends it the merged φ.
-        "three_instances_save_to_writer": ((1, 2), {2: 2 / 3, 1: 1 / 3}, (Broadcast(0, 0, (0, 1)),), 2),
+        "two_instances": ((0, 1, 2, 3), {0: 3 / 8, 1: 3 / 8, 2: 1 / 8, 3: 1 / 8}, (), (), None),
+        # Worker 2 moves to instance 1: it hands its contribution to worker 0 and instance 1's first worker broadcasts
+        # to it; 0 and 3 all-reduce.
+        "three_instances_survivor_has_rank_0": (
+            (0, 3), {0: 1 / 3, 3: 1 / 3, 2: 1 / 3}, (HandOff(2, 0),), (Broadcast(1, 1, (1, 2)),), None,
+        ),
+        # Worker 1 moves to instance 0 after handing its contribution to worker 2, the one member (no all-reduce);
+        # rank 0 is outside the merge: worker 2 sends it the merged φ.
+        "three_instances_save_to_writer": ((2,), {2: 2 / 3, 1: 1 / 3}, (HandOff(1, 2),), (Broadcast(0, 0, (0, 1)),), 2),
         # Worker 2 joins the survivor from instance 1: it takes part with factor 0 and receives the sum.
-        "three_instances_survivor_gains_a_third_instances_worker": ((0, 2, 3), {0: 4 / 7, 2: 0.0, 3: 3 / 7}, (), None),
+        "three_instances_survivor_gains_a_third_instances_worker": (
+            (0, 2, 3), {0: 4 / 7, 2: 0.0, 3: 3 / 7}, (), (), None,
+        ),
     }  # fmt: skip
-    for case, (members, weights, broadcasts, save_src) in expected.items():
+    for case, (members, weights, handoffs, broadcasts, save_src) in expected.items():
         plan = plan_merge(MERGES[case][0], policy="smallest_pair", num_workers=WORLD)
         collectives = plan_collectives(plan, writer_rank=0, save=True)
         assert collectives.members == members, case
         assert collectives.weights == pytest.approx(weights), case
+        assert collectives.handoffs == handoffs, case
         assert collectives.broadcasts == broadcasts, case
         assert collectives.save_src == save_src, case
-        assert collectives.groups == [members] + [b.ranks for b in broadcasts]
+        assert collectives.groups == [members] * (len(members) > 1) + [b.ranks for b in broadcasts]
         assert plan_collectives(plan, save=False).save_src is None
         # The factors of each merging instance add up to its merge weight: the sum is the weighted average.
         before = {inst.id: inst for inst in plan.before}
         for inst_id, weight in zip((plan.survivor, plan.merged), plan.weights):
             assert sum(weights[r] for r in before[inst_id].workers) == pytest.approx(weight)
+
+
+# Tables on more workers (table, workers) -> (members, hand-offs (leaver, member)): who leaves the survivor and whom
+# it hands its contribution to, round robin over the members in ascending order.
+HANDOFF_PLANS = [
+    # Demands 3, 5, 1, 8 over 6 workers: instance 2 ({2}) merges into instance 0 ({0, 3, 4}), whose demand 4 earns
+    # one seat: three leavers, one member.
+    ((_table((0, (0, 3, 4), 1), (1, (1,), 5), (2, (2,), 1), (3, (5,), 8)), 6), ((0,), ((2, 0), (3, 0), (4, 0)))),
+    # Demands 8, 6, 6, 3 over 8 workers: instance 3 ({4, 6, 7}) merges into instance 1 ({1, 2, 5}), three seats:
+    # three leavers, three members, one each.
+    ((_table((0, (0,), 8), (1, (1, 2, 5), 2), (2, (3,), 6), (3, (4, 6, 7), 1)), 8), ((1, 2, 5), ((4, 1), (6, 2), (7, 5)))),
+    # Three leavers, two members: the first member takes two.
+    ((_table((0, (0, 4, 5), 6), (1, (1, 3, 6), 1), (2, (2, 7), 2)), 8), ((2, 7), ((1, 2), (3, 7), (6, 2)))),
+    # The four-worker cases: one leaver and two members; one leaver and one member; a joiner (nobody leaves).
+    ((MERGES["three_instances_survivor_has_rank_0"][0], WORLD), ((0, 3), ((2, 0),))),
+    ((MERGES["three_instances_save_to_writer"][0], WORLD), ((2,), ((1, 2),))),
+    ((MERGES["three_instances_survivor_gains_a_third_instances_worker"][0], WORLD), ((0, 2, 3), ())),
+    ((MERGES["two_instances"][0], WORLD), ((0, 1, 2, 3), ())),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("index", range(len(HANDOFF_PLANS)))
+def test_workers_that_leave_the_survivor_hand_their_contribution_to_a_member(index):
+    """A merging instance's worker that the merge moves elsewhere sends its weighted state to one member and takes
+    no part in the all-reduce; the members are the survivor's workers after the merge, joiners included (weight 0)."""
+    (instances, num_workers), (members, handoffs) = HANDOFF_PLANS[index]
+    plan = plan_merge(instances, policy="smallest_pair", num_workers=num_workers)
+    collectives = plan_collectives(plan)
+    assert collectives.members == members
+    assert [(h.src, h.dst) for h in collectives.handoffs] == list(handoffs)
+    before = {inst.id: inst for inst in plan.before}
+    merging = set(before[plan.survivor].workers) | set(before[plan.merged].workers)
+    survivor_after = next(inst for inst in plan.after if inst.id == plan.survivor)
+    assert set(members) == set(survivor_after.workers)
+    leavers = {h.src for h in collectives.handoffs}
+    assert leavers == merging - set(members) and not leavers & set(members)
+    assert {h.dst for h in collectives.handoffs} <= set(members)
+    # Every merging worker contributes its instance's weight over its number of workers, a joiner 0: the sum over
+    # the contributors is the weighted average whoever carries it.
+    assert set(collectives.weights) == merging | set(members)
+    for inst_id, weight in zip((plan.survivor, plan.merged), plan.weights):
+        assert sum(collectives.weights[r] for r in before[inst_id].workers) == pytest.approx(weight)
+    assert all(collectives.weights[r] == 0 for r in set(members) - merging)
+    # A leaver moves to an instance that broadcasts its state to it: the hand-off runs beside that broadcast.
+    for leaver in leavers:
+        assert any(leaver in b.ranks and leaver != b.src for b in collectives.broadcasts), leaver
 
 
 @pytest.mark.multiprocess
@@ -462,17 +521,59 @@ def test_all_reduce_merge_sends_one_ring_all_reduce_and_the_broadcasts(runs, cas
     payload = NUMEL * 4 * (2 if momentum else 1)  # φ and momentum in float32
     n = len(collectives.members)
     for rank, record in enumerate(records):
-        expected = 2 * (n - 1) * payload // n if rank in collectives.members else 0  # each member's ring share
-        expected += sum((len(b.ranks) - 1) * payload for b in collectives.broadcasts if b.src == rank)
+        share = 2 * (n - 1) * payload // n if rank in collectives.members else 0  # each member's ring share
+        expected = share + sum((len(b.ranks) - 1) * payload for b in collectives.broadcasts if b.src == rank)
         expected += NUMEL * 4 if rank == collectives.save_src else 0  # the merged φ to the writer
+        expected += sum(payload for h in collectives.handoffs if h.src == rank)  # a leaver's contribution
         assert record["sent_bytes"] == expected, rank
         assert record["sent_bytes"] <= 3 * payload  # a few payloads per link, not one per worker in sequence
+        received = share + sum(payload for h in collectives.handoffs if h.dst == rank)
+        received += sum(payload for b in collectives.broadcasts if rank in b.ranks and rank != b.src)
+        received += NUMEL * 4 if collectives.save_src is not None and rank == collectives.writer else 0
+        assert record["received_bytes"] == received, rank
     total = ring_all_reduce_bytes(payload, n) + sum((len(b.ranks) - 1) * payload for b in collectives.broadcasts)
     total += NUMEL * 4 if collectives.save_src is not None else 0
+    total += len(collectives.handoffs) * payload
     assert sum(r["sent_bytes"] for r in records) == total
     # Point-to-point, the busiest worker sends more: every message of the survivor comes from one worker in turn.
     if case.startswith("two_instances"):
         assert max(r["sent_bytes"] for r in records) < max(r[f"merge/{case}"]["sent_bytes"] for r in runs)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("prefix", ["all_reduce", "compact"])
+@pytest.mark.parametrize("case", ["three_instances_survivor_has_rank_0", "three_instances_save_to_writer"])
+def test_a_worker_that_leaves_the_survivor_sends_its_contribution_and_receives_only_its_new_instance(
+    runs, case, prefix
+):
+    """A merged instance's worker that moves to another instance: it sends one payload (its weighted state) and
+    receives one (its new instance's broadcast), side by side, nothing of the all-reduce; it ends with its new
+    instance's state, and the survivor's workers with the weighted average that includes its contribution."""
+    instances, momentum, _ = MERGES[case]
+    plan = plan_merge(instances, policy="smallest_pair", num_workers=WORLD)
+    collectives = plan_collectives(plan)
+    records = [r[f"{prefix}/{case}"] for r in runs]
+    payload = (CompactPayload(COMPACT_BLOCK) if prefix == "compact" else Float32Payload()).state_bytes(NUMEL, momentum)
+    (leaver,) = {h.src for h in collectives.handoffs}
+    new_instance = instance_of(list(plan.after), leaver)
+    assert new_instance.id != plan.survivor and leaver not in collectives.members
+    assert records[leaver]["sent_bytes"] == payload
+    assert records[leaver]["received_bytes"] == payload  # the broadcast; the writer gets the saved φ on top
+    phi, m = _instance_state(records, instances, new_instance.id)
+    after = records[leaver]["after"]
+    exact = prefix == "all_reduce"
+    assert torch.equal(after["phi"], phi if exact else phi.bfloat16().float())
+    assert torch.equal(after["phi"], records[new_instance.first_worker]["after"]["phi"])
+    assert torch.equal(after["momentum"], records[new_instance.first_worker]["after"]["momentum"])
+    # The members' result holds the leaver's share: without it the average would be off by its whole weight.
+    w_s, w_m = plan.weights
+    phi_s, _ = _instance_state(records, instances, plan.survivor)
+    phi_m, _ = _instance_state(records, instances, plan.merged)
+    expected = w_s * phi_s.double() + w_m * phi_m.double()
+    terms = [collectives.weights[r] * records[r]["before"]["phi"].double() for r in collectives.weights]
+    bound = 1e-6 if exact else _bf16_bound(terms)
+    for rank in collectives.members:
+        assert ((records[rank]["after"]["phi"].double() - expected).abs() <= bound).all(), rank
 
 
 @pytest.mark.multiprocess
@@ -507,7 +608,8 @@ def test_compact_merges_give_the_weighted_average_to_bf16_and_int8_precision_and
     phi_s, m_s = _instance_state(records, instances, plan.survivor)
     phi_m, m_m = _instance_state(records, instances, plan.merged)
     w_s, w_m = plan.weights
-    terms = [collectives.weights[r] * records[r]["before"]["phi"].double() for r in collectives.members]
+    # Every contributor's weighted φ: the members' and those of the workers that leave (handed to a member).
+    terms = [collectives.weights[r] * records[r]["before"]["phi"].double() for r in collectives.weights]
     expected_phi = w_s * phi_s.double() + w_m * phi_m.double()
     survivor = next(inst for inst in plan.after if inst.id == plan.survivor)
     first = records[survivor.first_worker]["after"]
@@ -523,7 +625,10 @@ def test_compact_merges_give_the_weighted_average_to_bf16_and_int8_precision_and
             # The int8 ring: M half-steps of each block's largest partial sum (outer/ring.py), with room for bf16.
             n = len(collectives.members)
             block_max = (n * expected_m.abs().max() + sum(t.abs().max() for t in terms)).item()
-            assert (after["momentum"].double() - expected_m).abs().max().item() <= n * block_max / 254, rank
+            # A hand-off's momentum is quantized once on the leaver: half a step of its largest value.
+            handed = [collectives.weights[h.src] * records[h.src]["before"]["momentum"] for h in collectives.handoffs]
+            bound = n * block_max / 254 + sum(m.abs().max().item() / 254 for m in handed)
+            assert (after["momentum"].double() - expected_m).abs().max().item() <= bound, rank
             assert torch.equal(after["momentum"], first["momentum"])
         else:
             assert after["momentum"] is None
@@ -560,7 +665,8 @@ def test_compact_merges_send_bf16_weights_and_int8_momentum_blocks(runs, case):
     for rank in range(WORLD):
         broadcasts = sum((len(b.ranks) - 1) * state for b in collectives.broadcasts if b.src == rank)
         save = NUMEL * 2 if rank == collectives.save_src else 0
-        ring = compact[rank] - broadcasts - save
+        handoffs = sum(state for h in collectives.handoffs if h.src == rank)  # bf16 φ and int8 momentum blocks
+        ring = compact[rank] - broadcasts - save - handoffs
         if rank not in collectives.members:
             assert ring == 0, rank
         else:
@@ -570,3 +676,61 @@ def test_compact_merges_send_bf16_weights_and_int8_momentum_blocks(runs, case):
     # With the default blocks of 256 a state is 3.02 bytes a parameter: 0.377 of float32's 8.
     default = CompactPayload().state_bytes(10**6, True) / Float32Payload().state_bytes(10**6, True)
     assert default == pytest.approx((2 + 1 + 4 / 256) / 8, rel=1e-3)
+
+
+# ---- with several processes per worker (worker_parallelism="fsdp" and its processes_per_worker) ----
+LAYOUT = WorkerLayout(6, 2)  # three workers of two processes each
+# Demands 4, 1, 1: instance 2 ({2}) merges into instance 1 ({1}), whose demand 2 earns one seat: worker 2 hands its
+# contribution to worker 1 and joins instance 0; worker 0 (rank 0, the writer) gets the merged φ from worker 1.
+LAYOUT_CASE = _table((0, (0,), 4), (1, (1,), 1), (2, (2,), 1))
+
+
+def layout_worker(rank: int, world_size: int) -> dict:
+    worker, local = LAYOUT.worker_of(rank), LAYOUT.local_rank(rank)
+    plan = plan_merge(LAYOUT_CASE, policy="smallest_pair", num_workers=LAYOUT.num_workers)
+    groups = ProcessGroupCache(timeout=GROUP_TIMEOUT_S)
+    out = {"world_size": dist.get_world_size()}
+    for name, payload in (("float32", Float32Payload()), ("compact", CompactPayload(block_size=COMPACT_BLOCK))):
+        _, gm, inner = _worker_state(worker, LAYOUT_CASE, "layout", momentum=True)
+        before = _snapshot(gm, inner)
+        outcome = all_reduce_merge(
+            plan, plan_collectives(plan), rank=worker, global_model=gm, with_momentum=True, groups=groups,
+            layout=LAYOUT, local_rank=local, payload=payload,
+        )  # fmt: skip
+        out[name] = {
+            "before": before,
+            "after": _snapshot(gm, inner),
+            "sent_bytes": outcome.sent_bytes,
+            "received_bytes": outcome.received_bytes,
+        }
+    return out
+
+
+@pytest.fixture(scope="module")
+def layout_runs(tmp_path_factory) -> list[dict]:
+    return run_workers(layout_worker, LAYOUT.world_size, tmp_path_factory.mktemp("merging_layout"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", ["float32", "compact"])
+def test_with_several_processes_per_worker_each_local_rank_hands_off_over_its_own_ranks(layout_runs, name):
+    assert [r["world_size"] for r in layout_runs] == [LAYOUT.world_size] * LAYOUT.world_size
+    plan = plan_merge(LAYOUT_CASE, policy="smallest_pair", num_workers=LAYOUT.num_workers)
+    collectives = plan_collectives(plan)
+    assert collectives.members == (1,) and collectives.handoffs == (HandOff(2, 1),) and collectives.save_src == 1
+    records = [r[name] for r in layout_runs]
+    of = {worker: [records[r] for r in LAYOUT.ranks_of(worker)] for worker in range(LAYOUT.num_workers)}
+    w_s, w_m = plan.weights
+    expected = w_s * of[1][0]["before"]["phi"].double() + w_m * of[2][0]["before"]["phi"].double()
+    payload = (CompactPayload(COMPACT_BLOCK) if name == "compact" else Float32Payload()).state_bytes(NUMEL, True)
+    terms = [w_s * of[1][0]["before"]["phi"].double(), w_m * of[2][0]["before"]["phi"].double()]
+    bound = 1e-6 if name == "float32" else _bf16_bound(terms)
+    for survivor in of[1]:  # both processes of worker 1: the weighted average, the same bits
+        assert ((survivor["after"]["phi"].double() - expected).abs() <= bound).all()
+        assert torch.equal(survivor["after"]["phi"], of[1][0]["after"]["phi"])
+        assert torch.equal(survivor["after"]["momentum"], of[1][0]["after"]["momentum"])
+        assert survivor["received_bytes"] == payload  # worker 2's hand-off, no all-reduce for one member
+    for leaver in of[2]:  # both processes of worker 2: instance 0's state; one payload each way
+        assert torch.equal(leaver["after"]["phi"], of[0][0]["after"]["phi"])
+        assert torch.equal(leaver["after"]["momentum"], of[0][0]["after"]["momentum"])
+        assert leaver["sent_bytes"] == payload and leaver["received_bytes"] == payload
