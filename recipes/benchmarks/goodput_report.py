@@ -369,6 +369,10 @@ def method_figures(method: str, links_results: list, convergence_results: dict |
     return {"links": links, "convergence": convergence, "rows": rows, "targets": targets, "report": report}
 
 
+def ratio_of(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
 def _row(benchmark: str, seed, bandwidth: str, wall: dict | None, merges: list[float]) -> dict:
     wall = wall or {}
     return {
@@ -378,10 +382,12 @@ def _row(benchmark: str, seed, bandwidth: str, wall: dict | None, merges: list[f
         "best fixed": wall.get("best_fixed"),
         "its final ppl": wall.get("target_ppl"),
         "its wall s": wall.get("best_wall_seconds"),
-        "goodput s to it": wall.get("goodput_seconds_to_target"),
+        "s to it": wall.get("goodput_seconds_to_target"),
         "ratio": wall.get("ratio"),
-        "goodput final ppl": wall.get("goodput_final_ppl"),
-        "goodput wall s": wall.get("goodput_wall_seconds"),
+        "final ppl": wall.get("goodput_final_ppl"),
+        "wall s": wall.get("goodput_wall_seconds"),
+        # With the same seconds for every method (--budget_seconds), its final ppl over the best fixed batch's.
+        "final / best fixed": ratio_of(wall.get("goodput_final_ppl"), wall.get("target_ppl")),
         "merges (model-times)": ", ".join(f"{m:.2f}" for m in merges) or "-",
     }
 
