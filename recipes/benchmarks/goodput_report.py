@@ -18,7 +18,7 @@ mean ± the sample standard deviation over seeds (one `links` run per seed: `--s
         --links outputs/benchmarks/links-goodput-42/results.json outputs/benchmarks/links-goodput-43/results.json \\
         --convergence outputs/benchmarks/convergence-goodput/results.json --output_dir outputs/benchmarks/goodput
 
-Outputs: `results.json` and `table.md` in `--output_dir`.
+Outputs: `results.json`, `table.md` and `goodput.png` (each seed's ratios against the targets) in `--output_dir`.
 """
 
 import argparse
@@ -270,10 +270,55 @@ def main(argv: list[str] | None = None) -> dict:
     report = "\n\n".join(sections) if sections else "(no goodput run)"
     os.makedirs(args.output_dir, exist_ok=True)
     write_json(os.path.join(args.output_dir, "results.json"), out)
+    if out:
+        print(f"wrote {plot(out, os.path.join(args.output_dir, 'goodput.png'))}")
     with open(os.path.join(args.output_dir, "table.md"), "w", encoding="utf-8") as f:
         f.write(report + "\n")
     print(report)
     return out
+
+
+def plot(out: dict, path: str) -> str:
+    """Per method and setting (bandwidth, or one machine), each seed's time to the best fixed batch's final
+    perplexity over that batch's time (left; a hollow marker at the top: never reached) and its final perplexity over
+    the best fixed batch's (right; equal seconds when every method had the same --budget_seconds), with the targets."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = sorted({row["bandwidth"] for figures in out.values() for row in figures["rows"]})
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / max(1, len(out))
+    for k, (method, figures) in enumerate(out.items()):
+        for column, ax in (("ratio", axes[0]), ("final / best fixed", axes[1])):
+            xs, ys, never = [], [], []
+            for row in figures["rows"]:
+                x = settings.index(row["bandwidth"]) + (k - (len(out) - 1) / 2) * width
+                if row.get(column) is None:
+                    never.append(x)
+                else:
+                    xs.append(x)
+                    ys.append(row[column])
+            color = f"C{k}"
+            ax.scatter(xs, ys, color=color, label=method)
+            if never:
+                top = max([1.6] + ys)
+                ax.scatter(never, [top] * len(never), facecolors="none", edgecolors=color)
+    for i, setting in enumerate(settings):
+        bound = WALL_TARGETS.get("no limit" if setting.startswith("no limit") else setting)
+        if bound is not None:
+            axes[0].hlines(bound, i - 0.45, i + 0.45, colors="grey", linestyles="dashed")
+    axes[0].set_title("time to the best fixed batch's final ppl / its time\n(dashed: target; hollow at top: never)")
+    axes[1].set_title("final ppl / the best fixed batch's final ppl")
+    for ax in axes:
+        ax.axhline(1.0, color="black", linewidth=0.5)
+        ax.set_xticks(range(len(settings)), settings)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _profile(args: argparse.Namespace):

@@ -99,6 +99,7 @@ def test_the_report_puts_links_and_convergence_targets_side_by_side(tmp_path):
     written = " ".join((tmp_path / "out" / "table.md").read_text().split())
     assert "| links | 42 | 10mbit | diloco_b4 | 50.0 | 100.0 | 40.0 | 0.400 | 45.0 | 90.0 | 0.900 |" in written
     assert out["adloco_goodput"]["rows"][0]["final / best fixed"] == pytest.approx(45.0 / 50.0)
+    assert (tmp_path / "out" / "goodput.png").stat().st_size > 0
 
 
 def test_merge_bytes_become_the_busiest_links_model_times():
