@@ -95,7 +95,7 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             How a merge travels, with P = φ and outer momentum in float32 (8 bytes per trainable parameter):
             `"all_reduce"`: one weighted all-reduce over the survivor's workers after the merge (each worker of
             the merging instances adds its instance's merge weight / its number of workers × its φ and momentum;
-            one that moves elsewhere hands that to the members, a slice to each), a broadcast of an instance's state to each
+            one that moves elsewhere hands that to a member instead), a broadcast of an instance's state to each
             worker that moves into it from elsewhere, every worker keeping its own AdamW state; 2 (n − 1) P bytes
             over the n members, P per worker that leaves, ≤ 3 P of link time. `"point_to_point"`: blocking
             sends in one order, which also hand the first worker's AdamW state to each worker that joins an

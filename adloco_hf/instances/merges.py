@@ -7,13 +7,13 @@ transport sends φ in bfloat16 and the momentum as int8 blocks instead, P ≈ 3 
 - `"all_reduce"` (`all_reduce_merge`, `messages.plan_collectives`): the survivor's workers after the merge (n
   members: those of both merging instances that stay, and any that joins from a third instance) all-reduce the
   weighted sum of (φ, momentum); a worker of a merging instance that `redistribute` moves to another instance (a
-  leaver) only hands its weighted contribution to the members, one slice to each, while it receives its new instance's
+  leaver) only hands its weighted contribution to one member, point to point, while it receives its new instance's
   state in a broadcast from that instance's first worker; the merged φ (P / 2 with momentum) goes to the checkpoint
   writer when it is not a member. Every worker keeps its own inner-optimizer (AdamW) state. Bytes sent: P per
   leaver, 2 (n − 1) P over the members (ring model, `outer.ring_all_reduce_bytes`; nothing for n = 1), (k − 1) P for
   a broadcast to k − 1 workers, P / 2 for the save. Link time: a leaver ≈ P (P up and P down at once); a member
-  ≈ P / n down per leaver, then 2 (n − 1) / n P < 2 P; the broadcasts of different instances side by side: ≤ 3 P
-  per link (plus P / 2 where the writer is outside the merge).
+  ≈ P down per hand-off it takes (round robin over the members), then 2 (n − 1) / n P < 2 P; the broadcasts of
+  different instances side by side: ≤ 3 P per link (plus P / 2 where the writer is outside the merge).
 - `"point_to_point"` (`execute_merge`): blocking sends in one global order (`messages.plan_transfers`): the merged
   instance's state to the survivor's first worker, the merged state to each other worker of the survivor one after
   the other, and the first worker's AdamW state (≈ P more) to each worker that joins an instance: ≈ n P on the
@@ -226,14 +226,11 @@ def all_reduce_merge(
     merged = incoming = saved_phi = None
     before = instance_of(list(plan.before), rank)
     pending = []  # a leaver's hand-off, in flight while it takes part in its new instance's broadcast
-    for h in (h for h in collectives.handoffs if h.src == rank):
-        works, nbytes = start_handoff(
-            payload, state, collectives.weights[rank], part=h.part, parts=h.parts, dst=peer(h.dst), group=group
-        )
-        pending, sent = pending + works, sent + nbytes
+    for handoff in (h for h in collectives.handoffs if h.src == rank):
+        pending, sent = start_handoff(payload, state, collectives.weights[rank], dst=peer(handoff.dst), group=group)
     if rank in collectives.members:
-        parts = [(peer(h.src), h.part, h.parts) for h in collectives.handoffs if h.dst == rank]
-        taken, received = recv_handoffs(payload, parts, group=group, like=phi, with_momentum=with_momentum)
+        srcs = [peer(h.src) for h in collectives.handoffs if h.dst == rank]
+        taken, received = recv_handoffs(payload, srcs, group=group, like=phi, with_momentum=with_momentum)
         members = collectives.members
         members_group = groups.get(_local_groups(layout, local_rank, members)) if len(members) > 1 else None
         merged, share = payload.all_reduce(state, collectives.weights[rank], members_group, members, rank, taken)

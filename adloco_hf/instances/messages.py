@@ -64,14 +64,10 @@ class Broadcast:
 
 @dataclass(frozen=True)
 class HandOff:
-    """Part `part` of `parts` of a leaver's weighted contribution (its factor × φ and momentum) to a worker that
-    stays in the survivor. A leaver splits its contribution into one part per member (`payload.part_bounds`), so
-    that each member's link carries 1 / n of it before the all-reduce instead of one member carrying all of it."""
+    """A leaver's weighted contribution (its factor × φ and momentum) to a worker that stays in the survivor."""
 
     src: int
     dst: int
-    part: int = 0
-    parts: int = 1
 
 
 @dataclass(frozen=True)
@@ -83,10 +79,8 @@ class MergeCollectives:
     w_survivor·φ_s + w_merged·φ_m. A worker that joins the survivor from a third instance contributes 0.
 
     1. `handoffs`: each leaver (a merging instance's worker that is not among the survivor's workers after the merge:
-       `redistribute` moves it to another instance) sends its contribution, point to point, split into one part per
-       member (contiguous slices, `payload.part_bounds`), each member adding its part to its own contribution; a
-       leaver does not receive the merged state. A member's link carries 1 / n of each leaver's state, not all of it
-       (measured: a member that took a whole hand-off and then the all-reduce of 2 took 3.30 bf16 model-times).
+       `redistribute` moves it to another instance) sends its contribution, point to point, to one of the `members`
+       (round robin, ascending), which adds it to its own; a leaver does not receive the merged state.
     2. One all-reduce (a sum) over `members`: the survivor's workers after the merge (those of the merging instances
        that stay, and those that join from a third instance), so every member ends with the sum. With one member
        there is nothing to reduce.
@@ -123,7 +117,7 @@ def plan_collectives(plan: MergePlan, *, writer_rank: int = 0, save: bool = True
     for inst, weight in zip((survivor, merged), plan.weights):
         for rank in inst.workers:
             weights[rank] = weight / len(inst.workers)
-    handoffs = tuple(HandOff(rank, dst, k, len(members)) for rank in leavers for k, dst in enumerate(members))
+    handoffs = tuple(HandOff(rank, members[i % len(members)]) for i, rank in enumerate(leavers))
     broadcasts = []
     for inst in sorted(plan.after, key=lambda x: x.id):
         if inst.id == plan.survivor:

@@ -1,8 +1,8 @@
 """What a merge sends, and in which precision (`merge_payload`), for `merge_transport="all_reduce"`.
 
 A merge moves instance states, φ and the outer momentum: into the survivor's weighted average (one all-reduce over
-its members, after the workers that leave it handed their weighted contributions to the members, one slice to each
-(`part_bounds`, `start_handoff`, `recv_handoffs`, in the same encoding as a broadcast) and to the workers that join another instance (a broadcast from
+its members, after the workers that leave it handed their weighted contributions to a member: `start_handoff`,
+`recv_handoffs`, in the same encoding as a broadcast) and to the workers that join another instance (a broadcast from
 its first worker).
 
 - `"float32"`: φ and the momentum as they are, 8 bytes a parameter: an all-reduce of n members takes
@@ -39,7 +39,6 @@ __all__ = [
     "all_reduce_share",
     "broadcast_state",
     "merge_payload",
-    "part_bounds",
     "recv_handoffs",
     "start_handoff",
 ]
@@ -62,22 +61,12 @@ def _weighted(tensor: torch.Tensor, weight: float, device: torch.device) -> torc
     return tensor.to(device, torch.float32).mul(weight)
 
 
-def part_bounds(numel: int, part: int, parts: int, align: int = 1) -> tuple[int, int]:
-    """[lo, hi) of part `part` of `parts` of a flat state of `numel` values: contiguous, of equal length up to the
-    last, each starting at a multiple of `align` (the compact momentum's blocks, so that a part's quantization is that
-    of the whole state's blocks); a part may be empty."""
-    chunk = -(-numel // (parts * align)) * align
-    lo = min(part * chunk, numel)
-    return lo, min(lo + chunk, numel)
-
-
 def _contribution(state, weight: float, device: torch.device, received) -> list[torch.Tensor]:
-    """weight × state plus the received (already weighted) parts of contributions, `(lo, hi, tensors)`, float32 on
-    `device`."""
+    """weight × state plus the received (already weighted) contributions, float32 on `device`."""
     total = [_weighted(t, weight, device) for t in state]
-    for lo, hi, other in received:
+    for other in received:
         for mine, theirs in zip(total, other):
-            mine.view(-1)[lo:hi].add_(theirs.reshape(-1).to(device))
+            mine.add_(theirs.to(device))
     return total
 
 
@@ -85,7 +74,6 @@ class Float32Payload:
     """φ and the outer momentum in float32 (module docstring)."""
 
     name = "float32"
-    align = 1  # a hand-off part may start anywhere
 
     def state_bytes(self, numel: int, with_momentum: bool) -> int:
         return numel * 4 * (2 if with_momentum else 1)
@@ -134,7 +122,6 @@ class CompactPayload:
 
     def __init__(self, block_size: int = 256):
         self.block_size = block_size
-        self.align = block_size  # a hand-off part starts at a momentum block
 
     def _momentum_bytes(self, numel: int) -> int:
         return wire_bytes(numel, bits=MOMENTUM_BITS, block_size=self.block_size)
@@ -221,28 +208,20 @@ def broadcast_state(payload, state, *, src: int, group, is_src: bool, like: torc
     return payload.decode(wire, like), 0
 
 
-def start_handoff(payload, state, weight: float, *, part: int, parts: int, dst: int, group) -> tuple[list, int]:
-    """Start sending part `part` of `parts` of a leaver's contribution (`payload.handoff` of that slice,
-    `part_bounds`) to global rank `dst` without waiting: the leaver sends every part while it receives its new
-    instance's broadcast. Returns (the pending sends, to wait on; the bytes sent). An empty part sends nothing."""
-    lo, hi = part_bounds(state[0].numel(), part, parts, payload.align)
-    if lo >= hi:
-        return [], 0
-    wire = [t.contiguous() for t in payload.handoff([t.reshape(-1)[lo:hi] for t in state], weight)]
+def start_handoff(payload, state, weight: float, *, dst: int, group) -> tuple[list, int]:
+    """Start sending a leaver's contribution (`payload.handoff`) to global rank `dst` without waiting: the leaver
+    receives its new instance's broadcast meanwhile. Returns (the pending sends, to wait on; the bytes sent)."""
+    wire = [t.contiguous() for t in payload.handoff(state, weight)]
     works = [dist.isend(t, dst=dst, group=group) for t in wire]
     return works, sum(t.numel() * t.element_size() for t in wire)
 
 
-def recv_handoffs(payload, handoffs, *, group, like: torch.Tensor, with_momentum: bool) -> tuple[list, int]:
-    """The parts handed to this member, `handoffs` = [(global rank of the leaver, part, parts)] in order, decoded
-    (float32, weighted) as `(lo, hi, tensors)`; and the bytes received."""
+def recv_handoffs(payload, srcs, *, group, like: torch.Tensor, with_momentum: bool) -> tuple[list, int]:
+    """The contributions of the leavers at global ranks `srcs`, in order, decoded (float32, weighted); and the bytes
+    received."""
     taken, received = [], 0
-    for src, part, parts in handoffs:
-        lo, hi = part_bounds(like.numel(), part, parts, payload.align)
-        if lo >= hi:
-            continue
-        piece = like.reshape(-1)[lo:hi]
-        wire = [recv_tensor(t, src, group) for t in payload.empty(piece, with_momentum)]
-        taken.append((lo, hi, payload.decode(wire, piece)))
+    for src in srcs:
+        wire = [recv_tensor(t, src, group) for t in payload.empty(like, with_momentum)]
+        taken.append(payload.decode(wire, like))
         received += sum(t.numel() * t.element_size() for t in wire)
     return taken, received

@@ -18,7 +18,7 @@ from adloco_hf.common.distributed import ProcessGroupCache, WorkerMonitor
 from adloco_hf.common.layout import WorkerLayout
 from adloco_hf.instances.merges import all_reduce_merge, execute_merge, final_merge, merge_at_round_end
 from adloco_hf.instances.messages import Broadcast, HandOff, plan_collectives, plan_transfers
-from adloco_hf.instances.payload import CompactPayload, Float32Payload, part_bounds
+from adloco_hf.instances.payload import CompactPayload, Float32Payload
 from adloco_hf.instances.table import Instance, final_merge_weights, instance_of, plan_merge
 from adloco_hf.outer.step import GlobalModel, ring_all_reduce_bytes
 
@@ -381,11 +381,10 @@ def test_the_collectives_of_each_case():
     expected = {
         # Both instances' workers, each with its instance's weight over its number of workers; nobody moves elsewhere.
         "two_instances": ((0, 1, 2, 3), {0: 3 / 8, 1: 3 / 8, 2: 1 / 8, 3: 1 / 8}, (), (), None),
-        # Worker 2 moves to instance 1: it hands half its contribution to worker 0 and half to worker 3, and instance
-        # 1's first worker broadcasts to it; 0 and 3 all-reduce.
+        # Worker 2 moves to instance 1: it hands its contribution to worker 0 and instance 1's first worker broadcasts
+        # to it; 0 and 3 all-reduce.
         "three_instances_survivor_has_rank_0": (
-            (0, 3), {0: 1 / 3, 3: 1 / 3, 2: 1 / 3}, (HandOff(2, 0, 0, 2), HandOff(2, 3, 1, 2)), (Broadcast(1, 1, (1, 2)),),
-            None,
+            (0, 3), {0: 1 / 3, 3: 1 / 3, 2: 1 / 3}, (HandOff(2, 0),), (Broadcast(1, 1, (1, 2)),), None,
         ),
         # Worker 1 moves to instance 0 after handing its contribution to worker 2, the one member (no all-reduce);
         # rank 0 is outside the merge: worker 2 sends it the merged φ.
@@ -411,20 +410,20 @@ def test_the_collectives_of_each_case():
             assert sum(weights[r] for r in before[inst_id].workers) == pytest.approx(weight)
 
 
-# Tables on more workers (table, workers) -> (members, leavers): who leaves the survivor; each leaver hands one part
-# of its contribution to every member.
+# Tables on more workers (table, workers) -> (members, hand-offs (leaver, member)): who leaves the survivor and whom
+# it hands its contribution to, round robin over the members in ascending order.
 HANDOFF_PLANS = [
     # Demands 3, 5, 1, 8 over 6 workers: instance 2 ({2}) merges into instance 0 ({0, 3, 4}), whose demand 4 earns
     # one seat: three leavers, one member.
-    ((_table((0, (0, 3, 4), 1), (1, (1,), 5), (2, (2,), 1), (3, (5,), 8)), 6), ((0,), (2, 3, 4))),
+    ((_table((0, (0, 3, 4), 1), (1, (1,), 5), (2, (2,), 1), (3, (5,), 8)), 6), ((0,), ((2, 0), (3, 0), (4, 0)))),
     # Demands 8, 6, 6, 3 over 8 workers: instance 3 ({4, 6, 7}) merges into instance 1 ({1, 2, 5}), three seats:
     # three leavers, three members, one each.
-    ((_table((0, (0,), 8), (1, (1, 2, 5), 2), (2, (3,), 6), (3, (4, 6, 7), 1)), 8), ((1, 2, 5), (4, 6, 7))),
-    # Three leavers, two members.
-    ((_table((0, (0, 4, 5), 6), (1, (1, 3, 6), 1), (2, (2, 7), 2)), 8), ((2, 7), (1, 3, 6))),
+    ((_table((0, (0,), 8), (1, (1, 2, 5), 2), (2, (3,), 6), (3, (4, 6, 7), 1)), 8), ((1, 2, 5), ((4, 1), (6, 2), (7, 5)))),
+    # Three leavers, two members: the first member takes two.
+    ((_table((0, (0, 4, 5), 6), (1, (1, 3, 6), 1), (2, (2, 7), 2)), 8), ((2, 7), ((1, 2), (3, 7), (6, 2)))),
     # The four-worker cases: one leaver and two members; one leaver and one member; a joiner (nobody leaves).
-    ((MERGES["three_instances_survivor_has_rank_0"][0], WORLD), ((0, 3), (2,))),
-    ((MERGES["three_instances_save_to_writer"][0], WORLD), ((2,), (1,))),
+    ((MERGES["three_instances_survivor_has_rank_0"][0], WORLD), ((0, 3), ((2, 0),))),
+    ((MERGES["three_instances_save_to_writer"][0], WORLD), ((2,), ((1, 2),))),
     ((MERGES["three_instances_survivor_gains_a_third_instances_worker"][0], WORLD), ((0, 2, 3), ())),
     ((MERGES["two_instances"][0], WORLD), ((0, 1, 2, 3), ())),
 ]  # fmt: skip
@@ -432,21 +431,13 @@ HANDOFF_PLANS = [
 
 @pytest.mark.parametrize("index", range(len(HANDOFF_PLANS)))
 def test_workers_that_leave_the_survivor_hand_their_contribution_to_a_member(index):
-    """A merging instance's worker that the merge moves elsewhere sends its weighted state, one part to each member,
-    and takes no part in the all-reduce; the members are the survivor's workers after the merge, joiners included
-    (weight 0)."""
-    (instances, num_workers), (members, expected_leavers) = HANDOFF_PLANS[index]
+    """A merging instance's worker that the merge moves elsewhere sends its weighted state to one member and takes
+    no part in the all-reduce; the members are the survivor's workers after the merge, joiners included (weight 0)."""
+    (instances, num_workers), (members, handoffs) = HANDOFF_PLANS[index]
     plan = plan_merge(instances, policy="smallest_pair", num_workers=num_workers)
     collectives = plan_collectives(plan)
     assert collectives.members == members
-    n = len(members)
-    assert collectives.handoffs == tuple(HandOff(s, m, k, n) for s in expected_leavers for k, m in enumerate(members))
-    # The parts of a contribution tile it: contiguous, every value in exactly one part, starting at a block.
-    for numel, align in ((10, 1), (1000, 256), (3, 4), (4096, 256)):
-        bounds = [part_bounds(numel, k, n, align) for k in range(n)]
-        assert bounds[0][0] == 0 and bounds[-1][1] == numel
-        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
-        assert all(lo % align == 0 or lo == numel for lo, _ in bounds)
+    assert [(h.src, h.dst) for h in collectives.handoffs] == list(handoffs)
     before = {inst.id: inst for inst in plan.before}
     merging = set(before[plan.survivor].workers) | set(before[plan.merged].workers)
     survivor_after = next(inst for inst in plan.after if inst.id == plan.survivor)
@@ -520,12 +511,6 @@ def test_all_reduce_merge_gives_the_survivor_the_weighted_average_and_keeps_ever
     assert _close(records[0]["merged_phi"], expected_phi)
 
 
-def _part_bytes(payload, handoff: HandOff, momentum: bool) -> int:
-    """What one part of a hand-off carries (`payload.part_bounds`)."""
-    lo, hi = part_bounds(NUMEL, handoff.part, handoff.parts, payload.align)
-    return payload.state_bytes(hi - lo, momentum)
-
-
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("case", list(MERGES))
 def test_all_reduce_merge_sends_one_ring_all_reduce_and_the_broadcasts(runs, case):
@@ -539,23 +524,16 @@ def test_all_reduce_merge_sends_one_ring_all_reduce_and_the_broadcasts(runs, cas
         share = 2 * (n - 1) * payload // n if rank in collectives.members else 0  # each member's ring share
         expected = share + sum((len(b.ranks) - 1) * payload for b in collectives.broadcasts if b.src == rank)
         expected += NUMEL * 4 if rank == collectives.save_src else 0  # the merged φ to the writer
-        expected += sum(_part_bytes(Float32Payload(), h, momentum) for h in collectives.handoffs if h.src == rank)
-        if any(h.src == rank for h in collectives.handoffs):
-            assert (
-                sum(_part_bytes(Float32Payload(), h, momentum) for h in collectives.handoffs if h.src == rank)
-                == payload
-            )
+        expected += sum(payload for h in collectives.handoffs if h.src == rank)  # a leaver's contribution
         assert record["sent_bytes"] == expected, rank
         assert record["sent_bytes"] <= 3 * payload  # a few payloads per link, not one per worker in sequence
-        received = share + sum(
-            _part_bytes(Float32Payload(), h, momentum) for h in collectives.handoffs if h.dst == rank
-        )
+        received = share + sum(payload for h in collectives.handoffs if h.dst == rank)
         received += sum(payload for b in collectives.broadcasts if rank in b.ranks and rank != b.src)
         received += NUMEL * 4 if collectives.save_src is not None and rank == collectives.writer else 0
         assert record["received_bytes"] == received, rank
     total = ring_all_reduce_bytes(payload, n) + sum((len(b.ranks) - 1) * payload for b in collectives.broadcasts)
     total += NUMEL * 4 if collectives.save_src is not None else 0
-    total += len({h.src for h in collectives.handoffs}) * payload  # each leaver's parts add up to one payload
+    total += len(collectives.handoffs) * payload
     assert sum(r["sent_bytes"] for r in records) == total
     # Point-to-point, the busiest worker sends more: every message of the survivor comes from one worker in turn.
     if case.startswith("two_instances"):
@@ -648,8 +626,7 @@ def test_compact_merges_give_the_weighted_average_to_bf16_and_int8_precision_and
             n = len(collectives.members)
             block_max = (n * expected_m.abs().max() + sum(t.abs().max() for t in terms)).item()
             # A hand-off's momentum is quantized once on the leaver: half a step of its largest value.
-            leavers = {h.src for h in collectives.handoffs}
-            handed = [collectives.weights[src] * records[src]["before"]["momentum"] for src in leavers]
+            handed = [collectives.weights[h.src] * records[h.src]["before"]["momentum"] for h in collectives.handoffs]
             bound = n * block_max / 254 + sum(m.abs().max().item() / 254 for m in handed)
             assert (after["momentum"].double() - expected_m).abs().max().item() <= bound, rank
             assert torch.equal(after["momentum"], first["momentum"])
@@ -688,9 +665,7 @@ def test_compact_merges_send_bf16_weights_and_int8_momentum_blocks(runs, case):
     for rank in range(WORLD):
         broadcasts = sum((len(b.ranks) - 1) * state for b in collectives.broadcasts if b.src == rank)
         save = NUMEL * 2 if rank == collectives.save_src else 0
-        handoffs = sum(
-            _part_bytes(payload, h, momentum) for h in collectives.handoffs if h.src == rank
-        )  # φ bf16, int8 m
+        handoffs = sum(state for h in collectives.handoffs if h.src == rank)  # bf16 φ and int8 momentum blocks
         ring = compact[rank] - broadcasts - save - handoffs
         if rank not in collectives.members:
             assert ring == 0, rank
