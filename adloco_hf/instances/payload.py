@@ -89,10 +89,6 @@ class Float32Payload:
                 dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
         return merged, all_reduce_share(sum(t.numel() * 4 for t in state), members, rank)
 
-    def handoff(self, state, weight: float):
-        """What a leaver sends the member that adds its contribution: weight × state, in float32."""
-        return [_weighted(t, weight, comm_device(state[0].device)) for t in state]
-
     def encode(self, state):
         """What a broadcast sends of `state` (the source only reads it)."""
         return list(state)
@@ -153,10 +149,6 @@ class CompactPayload:
             merged.append(momentum)
         return merged, sent
 
-    def handoff(self, state, weight: float):
-        """What a leaver sends the member that adds its contribution: weight × state, encoded as a broadcast is."""
-        return self.encode([_weighted(t, weight, t.device) for t in state])
-
     def encode(self, state):
         wire = [state[0].detach().to(torch.bfloat16)]
         if len(state) > 1:
@@ -209,9 +201,10 @@ def broadcast_state(payload, state, *, src: int, group, is_src: bool, like: torc
 
 
 def start_handoff(payload, state, weight: float, *, dst: int, group) -> tuple[list, int]:
-    """Start sending a leaver's contribution (`payload.handoff`) to global rank `dst` without waiting: the leaver
+    """Start sending a leaver's contribution (weight × state, encoded as a broadcast is) to global rank `dst` without waiting: the leaver
     receives its new instance's broadcast meanwhile. Returns (the pending sends, to wait on; the bytes sent)."""
-    wire = [t.contiguous() for t in payload.handoff(state, weight)]
+    # Weighted, then in the payload's broadcast encoding (float32 as it is; compact: bf16 φ, int8 momentum blocks).
+    wire = [t.contiguous() for t in payload.encode([_weighted(t, weight, comm_device(t.device)) for t in state])]
     works = [dist.isend(t, dst=dst, group=group) for t in wire]
     return works, sum(t.numel() * t.element_size() for t in wire)
 

@@ -27,7 +27,7 @@ import math
 import os
 import statistics
 
-from recipes.benchmarks._common import interpolate_curve, table, write_json
+from recipes.benchmarks._common import interpolate_curve, ratio, table, write_json
 
 
 FIXED = ("diloco_b4", "diloco_b8", "diloco_b16")
@@ -414,10 +414,6 @@ def method_figures(method: str, links_results: list, convergence_results: dict |
     return {"links": links, "convergence": convergence, "rows": rows, "targets": targets, "report": report}
 
 
-def ratio_of(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else a / b
-
-
 def _row(benchmark: str, seed, bandwidth: str, wall: dict | None, merges: list[float]) -> dict:
     wall = wall or {}
     return {
@@ -432,7 +428,7 @@ def _row(benchmark: str, seed, bandwidth: str, wall: dict | None, merges: list[f
         "final ppl": wall.get("goodput_final_ppl"),
         "wall s": wall.get("goodput_wall_seconds"),
         # With the same seconds for every method (--budget_seconds), its final ppl over the best fixed batch's.
-        "final / best fixed": ratio_of(wall.get("goodput_final_ppl"), wall.get("target_ppl")),
+        "final / best fixed": ratio(wall.get("goodput_final_ppl"), wall.get("target_ppl")),
         "merges (model-times)": ", ".join(f"{m:.2f}" for m in merges) or "-",
     }
 

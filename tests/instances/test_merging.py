@@ -192,7 +192,10 @@ def merging_worker(rank: int, world_size: int) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> list[dict]:
-    return run_workers(merging_worker, WORLD, tmp_path_factory.mktemp("merging"))
+    records = run_workers(merging_worker, WORLD, tmp_path_factory.mktemp("merging"))
+    # Every test that reads these records relies on WORLD workers in one group: checked here, for all of them.
+    assert [r["all_reduce/two_instances"]["world_size"] for r in records] == [WORLD] * WORLD
+    return records
 
 
 def _instance_state(records, instances, instance_id):
