@@ -33,7 +33,8 @@ from recipes.benchmarks._common import interpolate_curve, ratio, table, write_js
 FIXED = ("diloco_b4", "diloco_b8", "diloco_b16")
 GOODPUT = "adloco_goodput"  # the issue's method; its targets
 # Reported alike, where they ran; adloco_norm: adloco_goodput with the norm test (what the rule itself adds).
-VARIANTS = ("adloco_goodput", "adloco_norm", "diloco_goodput")
+NORM = "adloco_norm"
+VARIANTS = (GOODPUT, NORM, "diloco_goodput")
 # bandwidth → the most adloco_goodput may take of the best fixed batch's wall time
 WALL_TARGETS = {"10mbit": 0.8, "100mbit": 1.0, "no limit": 1.05}
 UNLIMITED = ("10gbit", "no limit")  # a tbf this fast limits nothing these CPU workers send
@@ -267,6 +268,11 @@ def main(argv: list[str] | None = None) -> dict:
             figures["report"] += "\n\n" + replay_report(figures["replay"])
         out[method] = figures
         sections.append(f"### {method}\n\n" + figures["report"])
+    if GOODPUT in out and NORM in out:
+        out[GOODPUT]["vs_norm_test"] = paired_vs_norm(out[GOODPUT]["rows"], out[NORM]["rows"])
+        sections.append(
+            f"### {GOODPUT} / {NORM}, final ppl paired by seed\n\n" + paired_report(out[GOODPUT]["vs_norm_test"])
+        )
     report = "\n\n".join(sections) if sections else "(no goodput run)"
     os.makedirs(args.output_dir, exist_ok=True)
     write_json(os.path.join(args.output_dir, "results.json"), out)
@@ -276,6 +282,30 @@ def main(argv: list[str] | None = None) -> dict:
         f.write(report + "\n")
     print(report)
     return out
+
+
+def paired_vs_norm(goodput_rows: list[dict], norm_rows: list[dict]) -> dict:
+    """Per setting (bandwidth, or one machine): the goodput method's final perplexity over the norm test's, paired by
+    seed (the same seconds for both when the runs had --budget_seconds): what the rule itself changes."""
+    norm = {(r["bandwidth"], r["seed"]): r.get("final ppl") for r in norm_rows}
+    out: dict[str, dict] = {}
+    for row in goodput_rows:
+        value = ratio(row.get("final ppl"), norm.get((row["bandwidth"], row["seed"])))
+        if value is not None:
+            out.setdefault(row["bandwidth"], {"seeds": [], "ratios": []})
+            out[row["bandwidth"]]["seeds"].append(row["seed"])
+            out[row["bandwidth"]]["ratios"].append(value)
+    for entry in out.values():
+        entry["mean_sd"] = mean_sd(entry["ratios"])
+    return out
+
+
+def paired_report(paired: dict) -> str:
+    rows = [
+        {"setting": setting, "per seed": ", ".join(f"{v:.3f}" for v in e["ratios"]), "mean ± sd": e["mean_sd"]}
+        for setting, e in paired.items()
+    ]
+    return table(rows, ["setting", "per seed", "mean ± sd"]) if rows else "(no paired runs)"
 
 
 def plot(out: dict, path: str) -> str:

@@ -100,6 +100,14 @@ def test_the_report_puts_links_and_convergence_targets_side_by_side(tmp_path):
     assert "| links | 42 | 10mbit | diloco_b4 | 50.0 | 100.0 | 40.0 | 0.400 | 45.0 | 90.0 | 0.900 |" in written
     assert out["adloco_goodput"]["rows"][0]["final / best fixed"] == pytest.approx(45.0 / 50.0)
     assert (tmp_path / "out" / "goodput.png").stat().st_size > 0
+    # With the norm test beside it: the final perplexities paired by seed and setting.
+    for runs in links["bandwidths"].values():
+        runs["adloco_norm"] = run(60.0, 90.0, [[0.0, 0, 1000.0], [80.0, 1, 60.0]])
+    path.write_text(json.dumps(links))
+    out = report.main(["--links", str(path), "--output_dir", str(tmp_path / "out2")])
+    paired = out["adloco_goodput"]["vs_norm_test"]
+    assert paired["10mbit"]["ratios"] == pytest.approx([45.0 / 60.0]) and paired["10mbit"]["seeds"] == [42]
+    assert set(paired) == {"10mbit", "100mbit"} and "vs_norm_test" not in out["adloco_norm"]
 
 
 def test_merge_bytes_become_the_busiest_links_model_times():
