@@ -252,7 +252,7 @@ def setup_logging(training_args: TrainingArguments) -> None:
     # logger propagates (transformers turns propagation on when the CI environment variable is set).
     transformers.utils.logging.disable_default_handler()
     transformers.utils.logging.enable_propagation()
-    # The library's logger hangs under transformers' (console.py), whose level `log_level` sets; a recipe shows the
+    # The library's logger hangs under transformers' (common/logs.py), whose level `log_level` sets; a recipe shows the
     # per-round lines on rank 0 whatever `log_level` is.
     logging.getLogger("adloco_hf").setLevel(min(logging.INFO if is_main else logging.WARNING, log_level))
     datasets.utils.logging.set_verbosity(log_level)

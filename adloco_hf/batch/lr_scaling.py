@@ -25,7 +25,7 @@ from numbers import Real
 
 import torch
 
-from ..common.console import get_logger
+from ..common.logs import get_logger
 from ..config.choices import ADAM_RULES, LR_SCALING_RULES
 
 

@@ -16,8 +16,8 @@ import os
 import re
 import zlib
 
-from ..common.console import get_logger
 from ..common.files import atomic_write_text
+from ..common.logs import get_logger
 from .folders import RANK_STATE_DIR
 
 

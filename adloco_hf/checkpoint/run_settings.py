@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..common.console import get_logger
 from ..common.files import atomic_write_text
+from ..common.logs import get_logger
 from .folders import RANK_STATE_DIR
 
 

@@ -23,7 +23,7 @@ import os
 
 import torch.distributed as dist
 
-from .console import get_logger
+from .logs import get_logger
 
 
 __all__ = ["attempt_store_prefix", "form_world_for_this_attempt"]

@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from ..common.console import get_logger
+from ..common.logs import get_logger
 
 
 __all__ = [

@@ -176,7 +176,7 @@ def pack_documents(
     hint: str = ".",
 ) -> datasets.Dataset:
     """Tokenise one split's documents (each followed by `eos_token_id`) and cut their token stream into blocks of
-    `block_size` tokens (see [`build_lm_datasets`]); the streamed training data packs the same way (`streaming.py`).
+    `block_size` tokens (see [`build_lm_datasets`]); the streamed training data packs the same way (`packed_stream.py`).
 
     Raises:
         ValueError: when the documents hold less than one block (`hint` ends the message with what to change).

@@ -38,9 +38,9 @@ from ..common.distributed import (
 from ..common.layout import WorkerLayout
 from ..config.choices import MERGE_TRANSPORTS
 from ..outer.step import GlobalModel
-from .messages import MergeCollectives, Transfer, plan_collectives, plan_transfers
 from .payload import Float32Payload, all_reduce_share, broadcast_state, merge_payload, recv_handoffs, start_handoff
 from .table import Instance, MergePlan, final_merge_weights, instance_of
+from .transfers import MergeCollectives, Transfer, plan_collectives, plan_transfers
 
 
 __all__ = [

@@ -23,7 +23,7 @@ from ..common.layout import part_range
 from .eager import EagerOffset
 from .reduce import BUCKET_NUMEL, PendingMean, PseudoGradReduce
 from .settings import OuterSettings
-from .streaming import StreamingSync
+from .streaming_diloco import StreamingSync
 
 
 __all__ = ["BUCKET_NUMEL", "DTYPES", "GlobalModel", "OuterStepResult", "ring_all_reduce_bytes"]

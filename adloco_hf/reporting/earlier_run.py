@@ -12,7 +12,7 @@ import os
 import re
 
 from ..checkpoint.manifest import checkpoints_newest_first
-from ..common.console import get_logger
+from ..common.logs import get_logger
 
 
 __all__ = ["earlier_run_outputs", "warn_about_earlier_run"]

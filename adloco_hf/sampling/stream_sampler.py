@@ -7,7 +7,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 
 from .sampler import positive_batch_size
-from .stream import StreamPart, part_class, worker_stream
+from .stream_parts import StreamPart, part_class, worker_stream
 
 
 __all__ = ["AdaptiveStreamSampler", "adaptive_stream_loader", "check_sampler_kind", "reshard_stream_states"]

@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader
 from transformers import Trainer
 
 from ..sampling.sampler import AdaptiveBatchSampler, adaptive_train_loader
-from ..sampling.stream import is_stream
+from ..sampling.stream_parts import is_stream
 from ..sampling.stream_sampler import AdaptiveStreamSampler, adaptive_stream_loader
 from .inputs_check import check_eval_batches, check_first_batch
 

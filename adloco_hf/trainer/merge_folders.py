@@ -4,7 +4,7 @@ the Hub with `push_to_hub=True`), and the global weights of any folder as a `fro
 import os
 
 from ..checkpoint.folders import save_errors, save_global_weights, save_model_folder
-from ..rounds.messages import merge_record
+from ..rounds.log_lines import merge_record
 from ..rounds.state import RoundResult
 
 

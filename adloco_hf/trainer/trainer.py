@@ -3,7 +3,7 @@
 The rounds belong to this process's [`Worker`] (`worker/core.py`); `AdLoCoCallback` (`callback.py`) hands it the
 Trainer's events: training begins, a step's optimizer step, a step ends (every `inner_steps` steps, a round), training
 ends. What the overrides run lives beside this file: the inner step (`inner_step.py`), the training data
-(`loaders.py`), resuming (`resume.py`), the checkpoint save (`staged_save.py`), the merge folders (`merge_folders.py`).
+(`loaders.py`), resuming (`checkpoint_load.py`), the checkpoint save (`staged_save.py`), the merge folders (`merge_folders.py`).
 """
 
 import contextlib
@@ -21,26 +21,26 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ..checkpoint.folders import save_errors
 from ..checkpoint.manifest import resolve_checkpoint
 from ..common.collectives import collective, watch_exit
-from ..common.console import restart_rate_estimate
 from ..common.inputs import batch_length, count_tokens
+from ..common.logs import restart_rate_estimate
 from ..common.versions import end_training
 from ..config.arguments import AdLoCoConfig
 from ..evaluation.evaluate import evaluate_instances
 from ..evaluation.view import EvaluationSettings, EvaluationView
 from ..reporting.earlier_run import warn_about_earlier_run
 from ..reporting.hub import MergedModelHubMixin
-from ..rounds.messages import round_logs, round_message
+from ..rounds.log_lines import round_logs, round_message
 from ..rounds.state import AdLoCoState, RoundResult
 from ..sampling.sampler import AdaptiveBatchSampler
 from ..sampling.stream_sampler import AdaptiveStreamSampler
 from ..worker.core import Worker
 from ..worker.preemption import TrainingPreempted
 from .callback import AdLoCoCallback
-from .console import quiet_console, show_round_line, use_round_console
+from .checkpoint_load import check_workers_for_instances, load_checkpoint, load_scheduler
 from .inner_step import accumulate, no_sync, probe_step, worker_ddp
 from .loaders import train_loader
 from .merge_folders import save_global_weights_folder, save_merge
-from .resume import check_workers_for_instances, load_checkpoint, load_scheduler
+from .round_console import quiet_console, show_round_line, use_round_console
 from .staged_save import save_staged_checkpoint
 
 
@@ -63,7 +63,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         **kwargs: everything `transformers.Trainer` accepts (`train_dataset`, `eval_dataset`, `data_collator`,
             `processing_class`, `callbacks`, ...). `train_dataset` is map-style (with a length) or a stream: a
             `datasets.IterableDataset`, a `data.PackedStream`, or a torch `IterableDataset` with `state_dict()` /
-            `load_state_dict()` (each worker reads its own part; resume continues it exactly, `sampling/stream.py`).
+            `load_state_dict()` (each worker reads its own part; resume continues it exactly, `sampling/stream_parts.py`).
 
     Example:
     ```python
@@ -106,7 +106,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
             end=self._finish_rounds,
         )
         self.callback_handler.callbacks.insert(1, events)
-        use_round_console(self.callback_handler)  # a round prints one line, not its adloco/* dict (console.py)
+        use_round_console(self.callback_handler)  # a round prints one line, not its adloco/* dict (round_console.py)
         watch_exit()  # a worker that leaves while the others wait in a collective is seen leaving (`collective`)
 
     @property
@@ -347,7 +347,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         """Load the weights as the Trainer does (with fsdp, each process's rows), then this worker's AdLoCo state,
         refusing changed settings that define the run (`checkpoint/run_settings.py`). A checkpoint written by another number of
-        workers is an elastic resume (`checkpoint/elastic.py`): its refusals come before anything is loaded (`resume.py`)."""
+        workers is an elastic resume (`checkpoint/elastic.py`): its refusals come before anything is loaded (`checkpoint_load.py`)."""
         load_weights = functools.partial(super()._load_from_checkpoint, resume_from_checkpoint, model)
         load_checkpoint(self, self.worker, resume_from_checkpoint, load_weights)
 

@@ -24,16 +24,16 @@ import torch
 from ..batch.grad_stats import GradientStatisticsCollector
 from ..batch.switch_mode import BatchPlan
 from ..checkpoint.folders import resume_hint
-from ..common.console import get_logger
 from ..common.distributed import WorkerMonitor, get_rank, get_world_size
 from ..common.layout import WorkerLayout
+from ..common.logs import get_logger
 from ..config.arguments import AdLoCoConfig
 from ..instances import merges as merging
 from ..instances.health import final_merge_warnings
 from ..instances.table import Instance, instance_of
 from ..outer.step import GlobalModel, ring_all_reduce_bytes
 from ..reporting.run_log import RunLog
-from ..rounds.messages import run_summary
+from ..rounds.log_lines import run_summary
 from ..rounds.rules import RoundRules
 from ..rounds.state import AdLoCoState, RunTotals
 from ..rounds.tally import RoundTally
@@ -51,7 +51,7 @@ from .steps import InnerSteps
 
 __all__ = ["Worker"]
 
-logger = get_logger(__name__)  # prints like the Trainer's lines, at its log_level (console.py)
+logger = get_logger(__name__)  # prints like the Trainer's lines, at its log_level (common/logs.py)
 
 
 class Worker(WorkerStart, InnerSteps, RoundEnd, WorkerResume):

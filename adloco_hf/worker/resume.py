@@ -12,7 +12,7 @@ from typing import Any
 
 from transformers import set_seed
 
-from ..common.console import get_logger
+from ..common.logs import get_logger
 from ..common.rng import get_rng_state
 from ..rounds.state import RunTotals
 from ..rounds.tally import RoundTally

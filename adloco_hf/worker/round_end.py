@@ -13,14 +13,14 @@ import time
 import torch
 
 from ..batch.size_tests import GradientStatistics
-from ..common.console import get_logger
+from ..common.logs import get_logger
 from ..instances import merges as merging
 from ..instances.health import SkippedRoundsError
 from ..instances.merges import MergeResult
 from ..instances.table import MergePlan, instance_of
 from ..outer.step import OuterStepResult
 from ..rounds.decision import RoundDecision, decide_round
-from ..rounds.messages import round_message
+from ..rounds.log_lines import round_message
 from ..rounds.rows import RoundLine, WorkerReport
 from ..rounds.state import RoundResult
 from ..rounds.tally import RoundTally

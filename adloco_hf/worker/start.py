@@ -14,8 +14,8 @@ import torch
 from ..batch.grad_stats import GradientStatisticsCollector, check_adam_moments
 from ..batch.lr_scaling import ADAM_RULES, adam_hyperparameters, check_adam_optimizer, check_scheduler
 from ..checkpoint.folders import remove_stale_staging
-from ..common.console import get_logger
 from ..common.distributed import WorkerMonitor, check_models_match, destroy_process_groups_at_exit
+from ..common.logs import get_logger
 from ..instances.table import Instance, initial_instances
 from ..outer.step import GlobalModel
 from .initialise import resolve_max_batch_size
@@ -116,7 +116,7 @@ class WorkerStart:
         workers = f"{self.num_workers} worker{'s' * (self.num_workers != 1)}" + (
             f" of {self.processes_per_worker} processes" if self.processes_per_worker > 1 else ""
         )
-        # The Trainer's banner keeps its true lines (steps, parameters); this one says the rest (trainer/console.py).
+        # The Trainer's banner keeps its true lines (steps, parameters); this one says the rest (trainer/round_console.py).
         settings = self.settings
         fixed = self.rules.inner_steps_rule == "fixed"
         rounds = f"{-(-self.max_steps // self.inner_steps)} rounds" if fixed else "rounds"

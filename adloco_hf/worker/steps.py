@@ -75,7 +75,7 @@ class InnerSteps:
 
     def sync_fragments(self, step: int) -> None:
         """Streaming DiLoCo (`num_fragments`), after every inner step on every rank: the fragment average due now is
-        applied and the fragment due is sent (`outer/streaming.py`; fragment 0 is the round end's). A skipped average
+        applied and the fragment due is sent (`outer/streaming_diloco.py`; fragment 0 is the round end's). A skipped average
         (non-finite) leaves clean inner-optimizer moments, as a skipped round does. Nothing without fragments."""
         streaming = self.global_model.streaming
         if streaming is None:

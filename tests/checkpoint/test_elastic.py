@@ -9,7 +9,7 @@ from adloco_hf.checkpoint.elastic import check_instances_fit, elastic_rank_state
 from adloco_hf.checkpoint.folders import save_rank_state
 from adloco_hf.instances.table import Instance, initial_instances
 from adloco_hf.sampling.sampler import AdaptiveBatchSampler
-from adloco_hf.sampling.stream import StreamPart
+from adloco_hf.sampling.stream_parts import StreamPart
 
 
 NUM_SAMPLES = 40

@@ -1,4 +1,4 @@
-"""Tokenising and packing a document stream on the fly (`adloco_hf.data.streaming`): the blocks of the map-style
+"""Tokenising and packing a document stream on the fly (`adloco_hf.data.packed_stream`): the blocks of the map-style
 packing, an exact position with the carry, and an eval slice held out of training."""
 
 import datasets
@@ -7,8 +7,8 @@ import torch
 from helpers import word_tokenizer, write_c4_shards
 
 from adloco_hf.data import PackedStream, build_lm_stream, load_document_stream
+from adloco_hf.data.packed_stream import PackedPart
 from adloco_hf.data.packing import pack_documents
-from adloco_hf.data.streaming import PackedPart
 
 
 BLOCK = 16

@@ -1,6 +1,5 @@
 import pytest
 
-from adloco_hf.instances.messages import plan_transfers
 from adloco_hf.instances.table import (
     Instance,
     choose_merge,
@@ -11,6 +10,7 @@ from adloco_hf.instances.table import (
     redistribute,
     seat_counts,
 )
+from adloco_hf.instances.transfers import plan_transfers
 
 
 def table(*specs):

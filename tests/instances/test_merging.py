@@ -17,9 +17,9 @@ from distributed_helpers import GROUP_TIMEOUT_S, run_workers
 from adloco_hf.common.distributed import ProcessGroupCache, WorkerMonitor
 from adloco_hf.common.layout import WorkerLayout
 from adloco_hf.instances.merges import all_reduce_merge, execute_merge, final_merge, merge_at_round_end
-from adloco_hf.instances.messages import Broadcast, HandOff, plan_collectives, plan_transfers
 from adloco_hf.instances.payload import CompactPayload, Float32Payload
 from adloco_hf.instances.table import Instance, final_merge_weights, instance_of, plan_merge
+from adloco_hf.instances.transfers import Broadcast, HandOff, plan_collectives, plan_transfers
 from adloco_hf.outer.step import GlobalModel, ring_all_reduce_bytes
 
 

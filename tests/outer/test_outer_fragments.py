@@ -1,4 +1,4 @@
-"""Streaming DiLoCo's outer step (`outer/streaming.py`) on real gloo process groups.
+"""Streaming DiLoCo's outer step (`outer/streaming_diloco.py`) on real gloo process groups.
 
 Workers drift apart a little after every inner step (`drift`), and call the fragments' schedule as the worker does
 (`after_step` after every step, `end_round` at the round's end); they return what they saw. The parent checks it

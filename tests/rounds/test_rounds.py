@@ -10,7 +10,7 @@ from adloco_hf.batch.size_tests import GradientStatistics
 from adloco_hf.instances.health import final_merge_warnings
 from adloco_hf.instances.table import Instance, final_merge_weights
 from adloco_hf.rounds.decision import decide_round, next_round_inner_steps, outer_noise
-from adloco_hf.rounds.messages import merge_record, round_logs, round_message, run_summary
+from adloco_hf.rounds.log_lines import merge_record, round_logs, round_message, run_summary
 from adloco_hf.rounds.rows import WorkerReport
 from adloco_hf.rounds.rules import RoundRules
 from adloco_hf.rounds.state import AdLoCoState

@@ -1,4 +1,4 @@
-"""A worker's part of a streamed dataset (`adloco_hf.sampling.stream`): layouts, passes and an exact position, on real
+"""A worker's part of a streamed dataset (`adloco_hf.sampling.stream_parts`): layouts, passes and an exact position, on real
 `datasets` streams over local JSON-lines shards in C4's schema."""
 
 import io
@@ -10,7 +10,7 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from helpers import write_c4_shards
 
-from adloco_hf.sampling.stream import StreamPart, worker_stream
+from adloco_hf.sampling.stream_parts import StreamPart, worker_stream
 
 
 def load(files):
@@ -100,7 +100,7 @@ def test_an_empty_part_is_a_clear_error(tmp_path):
 
 def test_a_shuffle_buffer_is_warned_about(shards, caplog):
     files, _ = shards
-    with caplog.at_level(logging.WARNING, logger="adloco_hf.sampling.stream"):
+    with caplog.at_level(logging.WARNING, logger="adloco_hf.sampling.stream_parts"):
         StreamPart(load(files), rank=0, world_size=2)
         assert "shuffle" not in caplog.text
         StreamPart(load(files).shuffle(seed=0, buffer_size=8), rank=0, world_size=2)

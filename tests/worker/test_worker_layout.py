@@ -14,7 +14,7 @@ from adloco_hf.common.layout import WorkerLayout, part_range, part_ranges
 from adloco_hf.config.checks import check_processes_per_worker
 from adloco_hf.instances.table import Instance, plan_merge
 from adloco_hf.rounds.decision import decide_round
-from adloco_hf.rounds.messages import run_summary
+from adloco_hf.rounds.log_lines import run_summary
 from adloco_hf.rounds.rows import WorkerReport
 from adloco_hf.rounds.rules import RoundRules
 

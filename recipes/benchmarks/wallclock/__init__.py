@@ -18,7 +18,7 @@ Communication, modelled as the library sends it:
   (the outer step all-reduces in buckets of 2^25 elements; DDP's gradient buckets are 1 MiB, then 25 MiB).
   Instances all-reduce concurrently over disjoint workers, hence disjoint links: they do not slow each other down,
   and the round waits for the slowest instance;
-- a merge: `plan_transfers` (adloco_hf.instances.messages), the library's own message list: blocking point-to-point sends,
+- a merge: `plan_transfers` (adloco_hf.instances.transfers), the library's own message list: blocking point-to-point sends,
   each rank in the global order, each message `latency + bytes / bandwidth` per tensor (φ and the outer momentum in
   fp32; the inner AdamW state, two fp32 moments, to a worker that joins an instance); messages between disjoint
   pairs of ranks overlap, as they do with blocking sends;

@@ -4,8 +4,8 @@ library sends (point-to-point transfers, ring all-reduces, broadcasts, small con
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from adloco_hf.instances.messages import plan_transfers
 from adloco_hf.instances.table import MergePlan
+from adloco_hf.instances.transfers import plan_transfers
 from adloco_hf.outer.step import BUCKET_NUMEL
 
 

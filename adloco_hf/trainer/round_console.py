@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 from transformers.trainer_callback import CallbackHandler, PrinterCallback, ProgressCallback
 
-from ..common.console import leave_out_lines
+from ..common.logs import leave_out_lines
 from ..worker.round_end import logger as round_logger
 
 

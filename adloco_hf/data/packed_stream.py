@@ -31,7 +31,7 @@ from torch.utils.data import IterableDataset
 from transformers import PreTrainedTokenizerBase
 
 from ..sampling.reshard import check_old_states
-from ..sampling.stream import STATE_KIND, StreamPart, register_part_kind, worker_stream
+from ..sampling.stream_parts import STATE_KIND, StreamPart, register_part_kind, worker_stream
 from .packing import pack_documents
 from .sources import C4_DATASET, _builder_for_file, _check_text_column, _select_text_column
 from .tokenizer import _tokenizer_fingerprint

@@ -9,7 +9,7 @@ sets the `transformers` level from `log_level` on the main process and `log_leve
 
 **Lines left out.** [`leave_out_lines`] drops, inside a block, the lines of one logger that start with given words:
 the trainer uses it for the Trainer's banner lines that do not hold for AdLoCo, and for the warnings every worker
-would print alike (`trainer/console.py`).
+would print alike (`trainer/round_console.py`).
 
 **Progress bar.** tqdm estimates the time left from the speed of past steps. A round that grows a batch makes the
 next steps slower, and that estimate would promise an early finish: [`restart_rate_estimate`] makes it start again
