@@ -32,6 +32,7 @@ import transformers
 import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
+from .common.upstream import move_option, optional_actions, parser_actions
 from .config.arguments import AdLoCoConfig
 from .config.fields import GROUPS
 
@@ -52,7 +53,7 @@ CONFIG_FLAG = "--config"
 def _argument_actions(parser: argparse.ArgumentParser) -> dict[str, list[argparse.Action]]:
     """Every destination of the parser with its actions (a bool field has `--x` and `--no_x`, one destination)."""
     actions: dict[str, list[argparse.Action]] = {}
-    for action in parser._actions:
+    for action in parser_actions(parser):
         if action.dest not in (argparse.SUPPRESS, "help", CONFIG_FLAG.lstrip("-")):
             actions.setdefault(action.dest, []).append(action)
     return actions
@@ -130,7 +131,7 @@ def parse_args_with_yaml(
     Raises:
         ValueError: from [`load_yaml_defaults`], or for command-line arguments the parser does not know.
     """
-    if not any(CONFIG_FLAG in action.option_strings for action in parser._actions):
+    if not any(CONFIG_FLAG in action.option_strings for action in parser_actions(parser)):
         parser.add_argument(
             CONFIG_FLAG,
             default=None,
@@ -173,7 +174,7 @@ _GROUP_TITLES = {
 
 def _dest_actions(parser: argparse.ArgumentParser) -> dict[str, list[argparse.Action]]:
     actions: dict[str, list[argparse.Action]] = {}
-    for action in parser._optionals._group_actions:
+    for action in optional_actions(parser):
         actions.setdefault(action.dest, []).append(action)
     return actions
 
@@ -190,8 +191,7 @@ def group_options(parser: argparse.ArgumentParser, groups: list[tuple[str, str |
         group = parser.add_argument_group(title, description)
         for dest in dests:
             for action in actions.pop(dest, []):
-                parser._optionals._group_actions.remove(action)
-                group._group_actions.append(action)
+                move_option(parser, action, group)
 
 
 def _fields(dataclass: type) -> list[str]:

@@ -20,6 +20,7 @@ import torch
 import warm_launch
 
 from adloco_hf import AdLoCoConfig, testing
+from adloco_hf.common.clock import Clock
 from adloco_hf.rounds.rules import RoundRules
 from adloco_hf.testing import WorkersResult, free_port, launch_command, run_workers
 from adloco_hf.testing import tiny_llama as tiny_model
@@ -35,6 +36,7 @@ __all__ = [
     "RESUME_CONFIG",
     "SCRIPTS",
     "StepClock",
+    "start_worker",
     "TESTS",
     "TINY_TRAINING",
     "TWO_BY_TWO",
@@ -184,50 +186,52 @@ def word_tokenizer(num_documents: int = 1000, words: int = 16):
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", unk_token="[UNK]", pad_token="</s>")
 
 
-class StepClock:
-    """A deterministic clock for the step timings of `batch_size_target="goodput"` (installed as `Worker.clock`): a
-    forward/backward pass of n samples takes `per_pass + per_sample × n` seconds, the rest of a step `per_step`, an
-    outer step `per_round` (a list: round k's outer step takes item k mod its length, so that the averages depend on
-    their history). A run timed by it takes the same decisions every time, so a resumed run can be compared with an
-    uninterrupted one."""
+class StepClock(Clock):
+    """A deterministic clock for the step timings of `batch_size_target="goodput"` (installed as `Worker.clock`, the
+    library's hook, `common/clock.py`): a forward/backward pass of n samples takes `per_pass + per_sample × n`
+    seconds, the rest of a step `per_step`, an outer step `per_round` (a list: round k's outer step takes item
+    k mod its length, so that the averages depend on their history). A run timed by it takes the same decisions every
+    time, so a resumed run can be compared with an uninterrupted one."""
 
     def __init__(self, per_step=0.005, per_pass=0.01, per_sample=0.002, per_round=0.5):
+        super().__init__()
         self.per_step, self.per_pass, self.per_sample, self.per_round = per_step, per_pass, per_sample, per_round
-        self.now = 0.0
+        self.seconds = 0.0
 
-    def __call__(self) -> float:
-        return self.now
+    def now(self) -> float:
+        return self.seconds
+
+    def passes(self, chunk_sizes) -> None:
+        self.seconds += sum(self.per_pass + self.per_sample * n for n in chunk_sizes)
+
+    def step_rest(self) -> None:
+        self.seconds += self.per_step
+
+    def outer_step(self, *, round_number, workers, payload_bytes) -> None:
+        cycle = self.per_round if isinstance(self.per_round, list) else [self.per_round]
+        self.seconds += cycle[(round_number - 1) % len(cycle)]
 
     def install(self, trainer) -> None:
-        """Time `trainer`'s worker with this clock: each call the worker times advances it by what it stands for."""
-        from transformers import TrainerCallback
+        """Time `trainer`'s worker with this clock."""
+        trainer.worker.clock = self
 
-        worker, clock = trainer.worker, self
-        plan_step, finish_step = worker.plan_step, worker.finish_step
 
-        def timed_plan_step(step, batch):
-            plan = plan_step(step, batch)  # reads the clock: the passes start
-            clock.now += sum(clock.per_pass + clock.per_sample * n for n in plan.chunk_sizes)
-            return plan
-
-        def timed_finish_step(*args, **kwargs):
-            finish_step(*args, **kwargs)  # reads the clock: the passes end
-            clock.now += clock.per_step
-
-        class TimedOuterStep(TrainerCallback):
-            def on_train_begin(self, args, state, control, **kwargs):  # after AdLoCo's start made the global model
-                global_model = worker.global_model
-                outer_step = global_model.outer_step
-
-                def timed_outer_step(*args, **kwargs):
-                    cycle = clock.per_round if isinstance(clock.per_round, list) else [clock.per_round]
-                    clock.now += cycle[(trainer.state.global_step // trainer.args.inner_steps - 1) % len(cycle)]
-                    return outer_step(*args, **kwargs)
-
-                global_model.outer_step = timed_outer_step
-
-        worker.clock, worker.plan_step, worker.finish_step = self, timed_plan_step, timed_finish_step
-        trainer.add_callback(TimedOuterStep())
+def start_worker(trainer) -> None:
+    """Start `trainer`'s worker as `train()` would (its optimizer, scheduler and sampler made first), without running
+    the training loop: a test can then run single inner steps through `trainer.training_step`."""
+    args = trainer.args
+    trainer.create_optimizer_and_scheduler(num_training_steps=args.max_steps)
+    trainer.get_train_dataloader()
+    trainer.worker.start(
+        model=trainer.model,
+        optimizer=trainer.optimizer,
+        lr_scheduler=trainer.lr_scheduler,
+        sampler=trainer.train_sampler,
+        scaler=None,
+        max_steps=args.max_steps,
+        global_step=0,
+        probe_step=trainer.run_probe_step,
+    )
 
 
 def flat_params(model: torch.nn.Module) -> torch.Tensor:

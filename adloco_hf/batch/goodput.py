@@ -31,7 +31,7 @@ request).
 import math
 from dataclasses import dataclass
 
-from .switch_mode import BatchPlan, plan_batch
+from .switch_mode import BatchPlan, SwitchMode
 from .throughput import StepTimeModel
 
 
@@ -48,8 +48,7 @@ class GoodputModel:
         inner_steps: H of the next round.
         workers: M, the instance's workers.
         processes: G, processes per worker (a request is G × a process's).
-        max_batch_size: a process's largest micro-batch.
-        switch_threshold: γ of switch mode.
+        switch: switch mode on a process's device (its largest micro-batch and γ).
         reference: b₀, the per-worker batch whose samples count 1 (the initial request).
     """
 
@@ -58,13 +57,12 @@ class GoodputModel:
     inner_steps: int
     workers: int
     processes: int
-    max_batch_size: int
-    switch_threshold: float
+    switch: SwitchMode
     reference: int
 
     def plan(self, request: int) -> BatchPlan:
         """What one process of a worker runs for a per-worker `request`."""
-        return plan_batch(max(1, request // self.processes), self.max_batch_size, self.switch_threshold)
+        return self.switch.plan(max(1, request // self.processes))
 
     def throughput(self, request: int) -> float:
         """Samples per second the instance trains with `request`."""
@@ -85,28 +83,18 @@ class GoodputModel:
 
     def _candidates(self, low: int, high: int) -> set[int]:
         """Per-process requests in [low, high] among which the best one lies (module docstring)."""
-        m, gamma = self.max_batch_size, self.switch_threshold
         t, h = self.times, self.inner_steps
         d = self.noise_scale / (self.processes * self.workers)  # B_noise in a process's samples of every worker
         found = {low, high}
-
-        def add_range(lo: int, hi: int, passes: int) -> None:
-            lo, hi = max(lo, low), min(hi, high)
-            if lo > hi:
-                return
+        # Requests in (m, γ m] run as m: none beats m itself, or `low` when it lies in that band (kept above).
+        for lo, hi, passes in self.switch.pass_ranges(low, high):
             found.update((lo, hi))
             if t.per_sample <= 0:
-                return  # goodput grows with the batch inside the range: its end is a candidate already
+                continue  # goodput grows with the batch inside the range: its end is a candidate already
             k = h * (t.per_step + passes * t.per_pass) + t.per_round
             best = math.sqrt(k * d / (h * t.per_sample))
             for r in (math.floor(best), math.ceil(best)):
                 found.add(min(max(r, lo), hi))
-
-        add_range(1, m, 1)
-        # Requests in (m, γ m] run as m: none beats m itself, or `low` when it lies in that band.
-        first = math.floor(gamma * m) + 1
-        for passes in range(max(2, math.ceil(first / m)), math.ceil(high / m) + 1):
-            add_range(max((passes - 1) * m + 1, first), passes * m, passes)
         return found
 
     def best_request(self, low: int, high: int) -> int:

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 import torch
 import torch.distributed as dist
 
+from ..common.upstream import foreach_norms
 from ..config.choices import NOISE_PRECONDITIONERS
 from .size_tests import GradientStatistics, group_statistics
 
@@ -83,7 +84,7 @@ def _local(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
 def _sq_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     if not tensors:
         return torch.zeros((), dtype=torch.float64)
-    norms = torch._foreach_norm(list(tensors), 2)
+    norms = foreach_norms(list(tensors))
     return torch.stack([n.double() for n in norms]).pow(2).sum()
 
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 
-__all__ = ["BatchPlan", "Statistics", "StepPlan", "plan_batch", "plan_step", "split_sizes"]
+__all__ = ["BatchPlan", "Statistics", "StepPlan", "SwitchMode", "plan_batch", "plan_step", "split_sizes"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,42 @@ def plan_batch(requested: int, max_batch_size: int, switch_threshold: float = 2.
         return BatchPlan(max_batch_size, max_batch_size, 1)
     steps = math.ceil(requested / max_batch_size)
     return BatchPlan(requested, math.ceil(requested / steps), steps)
+
+
+@dataclass(frozen=True)
+class SwitchMode:
+    """Switch mode on one device: its largest micro-batch and γ. The package plans every batch through `plan`
+    (`rounds/plan.py`), and the goodput rule reads the ranges of requests that run in the same number of passes
+    (`pass_ranges`) instead of modelling the rule again.
+
+    Example:
+    ```python
+    >>> SwitchMode(8, 2.0).plan(17)
+    BatchPlan(batch_size=17, micro_batch_size=6, accumulation_steps=3)
+    >>> SwitchMode(8, 2.0).pass_ranges(1, 30)
+    [(1, 8, 1), (17, 24, 3), (25, 30, 4)]
+    ```
+    """
+
+    max_batch_size: int
+    switch_threshold: float = 2.0
+
+    def plan(self, requested: int) -> BatchPlan:
+        """[`plan_batch`] of `requested` samples on this device."""
+        return plan_batch(requested, self.max_batch_size, self.switch_threshold)
+
+    def pass_ranges(self, low: int, high: int) -> list[tuple[int, int, int]]:
+        """The requests in [low, high] whose plan uses every requested sample, grouped by their number of passes:
+        (lowest, highest, passes), ascending. The band (m, γ m] runs as m and is left out: none of it uses more
+        samples than m, a request of the first range (or `low`, where it falls in the band: callers keep it)."""
+        m = self.max_batch_size
+        ranges = [(max(1, low), min(m, high), 1)] if max(1, low) <= min(m, high) else []
+        first = math.floor(self.switch_threshold * m) + 1  # the smallest request that accumulates
+        for passes in range(max(2, math.ceil(first / m)), math.ceil(high / m) + 1):
+            lo, hi = max((passes - 1) * m + 1, first, low), min(passes * m, high)
+            if lo <= hi:
+                ranges.append((lo, hi, passes))
+        return ranges
 
 
 def split_sizes(total: int, parts: int) -> list[int]:

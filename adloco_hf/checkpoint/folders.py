@@ -21,7 +21,7 @@ from safetensors import SafetensorError
 from transformers.trainer_utils import get_last_checkpoint
 
 from ..common.distributed import WorkerTimeoutError
-from ..common.files import _fsync, atomic_directory
+from ..common.files import atomic_directory, fsync
 
 
 __all__ = [
@@ -208,7 +208,7 @@ def save_rank_state(checkpoint_dir: str, rank: int, state: dict[str, Any]) -> st
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     torch.save({"version": RANK_STATE_VERSION, **state}, tmp)
-    _fsync(tmp)
+    fsync(tmp)
     os.replace(tmp, path)
     return path
 

@@ -23,9 +23,8 @@ import json
 import time
 from collections.abc import Callable
 
-import torch.distributed as dist
-
 from .distributed import get_rank, get_world_size, is_distributed
+from .upstream import default_store
 
 
 __all__ = ["CollectiveCallError", "collective", "enter_collective", "post_exit"]
@@ -50,10 +49,7 @@ class _Entries:
 
 
 def _default_store():
-    try:  # the rendezvous store (torchrun's / accelerate's), as WorkerMonitor uses it
-        return dist.distributed_c10d._get_default_store()
-    except Exception:  # pragma: no cover - only without a default store: nothing is checked
-        return None
+    return default_store()  # the rendezvous store (torchrun's / accelerate's), as WorkerMonitor uses it
 
 
 def _key(rank: int) -> str:

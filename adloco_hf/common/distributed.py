@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from .upstream import default_store
+
 
 __all__ = [
     "ProcessGroupCache",
@@ -221,10 +223,7 @@ class WorkerMonitor:
             WorkerMonitor._created += 1
         self._prefix = f"adloco/worker_monitor/{WorkerMonitor._created}"
         if self.group is not None:
-            try:  # the default store (torchrun's / accelerate's rendezvous); private but stable since torch 1.x
-                self._store = dist.distributed_c10d._get_default_store()
-            except Exception:  # pragma: no cover - only without a default store; the gloo message is used then
-                self._store = None
+            self._store = default_store()  # without one, the gloo message is used
 
     @property
     def active(self) -> bool:

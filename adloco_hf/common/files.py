@@ -47,7 +47,7 @@ def atomic_directory(final_dir: str) -> Iterator[str]:
 _DIRECTORY_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})
 
 
-def _fsync(path: str, *, directory: bool = False) -> None:
+def fsync(path: str, *, directory: bool = False) -> None:
     """fsync `path`; an error is raised as an OSError naming `path` (see `_DIRECTORY_FSYNC_UNSUPPORTED`)."""
     if directory and os.name == "nt":
         return  # Windows cannot open a directory to sync it
@@ -62,14 +62,14 @@ def _fsync(path: str, *, directory: bool = False) -> None:
 
 
 def _fsync_dir(path: str) -> None:
-    _fsync(path, directory=True)
+    fsync(path, directory=True)
 
 
 def _fsync_tree(root: str) -> None:
     """fsync every file under `root`, then its folders: what is published must be on disk before the rename."""
     for dirpath, _, filenames in os.walk(root):
         for filename in filenames:
-            _fsync(os.path.join(dirpath, filename))
+            fsync(os.path.join(dirpath, filename))
         _fsync_dir(dirpath)
 
 
@@ -77,7 +77,7 @@ def atomic_write_text(path: str, text: str) -> None:
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
-    _fsync(tmp)
+    fsync(tmp)
     os.replace(tmp, path)
 
 

@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from tqdm.std import EMA
 from transformers.utils import logging as hf_logging
 
+from .upstream import restart_tqdm_rate
+
 
 __all__ = ["PACKAGE_LOGGER", "get_logger", "leave_out_lines", "restart_rate_estimate"]
 
@@ -70,13 +72,7 @@ def restart_rate_estimate(bar, step: int) -> None:
 
     Call it at the end of step `step`, before the Trainer's `ProgressCallback` moves the bar to `step`: the bar's
     smoothed speed (its exponential averages of steps and seconds between refreshes) and its last refresh restart
-    there, so the first refresh after it measures the new steps alone. Uses tqdm's bookkeeping attributes (tqdm 4.x);
-    a bar without them (disabled, or a notebook's) is left alone.
+    there, so the first refresh after it measures the new steps alone (`upstream.restart_tqdm_rate`: tqdm's
+    bookkeeping attributes); a bar without them (disabled, or a notebook's) is left alone.
     """
-    if getattr(bar, "disable", True) or not all(hasattr(bar, a) for a in ("_ema_dn", "_ema_dt", "_time")):
-        return
-    bar._ema_dn, bar._ema_dt, bar._ema_miniters = EMA(bar.smoothing), EMA(bar.smoothing), EMA(bar.smoothing)
-    bar.last_print_n = step
-    bar.last_print_t = bar._time()
-    if bar.dynamic_miniters:
-        bar.miniters = 0
+    restart_tqdm_rate(bar, step, EMA)

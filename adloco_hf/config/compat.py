@@ -30,8 +30,6 @@ from ..common.logs import get_logger
 __all__ = [
     "has_distributed_accelerator",
     "refuse_what_adloco_cannot_honour",
-    "trainer_memory_tracker",
-    "trainer_num_items_in_batch",
     "warn_about_a_cap_switch_mode_never_reaches",
     "warn_about_what_works_badly",
     "warn_once",
@@ -154,23 +152,3 @@ def warn_about_a_cap_switch_mode_never_reaches(args) -> None:
             f"worker's batch stays at most {fits}. Raise batch_size_cap above {switch:g} to let switch mode "
             f"accumulate, or set switch_threshold=1.0 to accumulate every request above {fits}."
         )
-
-
-# ---- The Trainer's private members AdLoCo calls: none has a public equivalent. Each shim says why it is needed and
-# the transformers version it was checked against; a release that renames one breaks only its shim. ----
-
-
-def trainer_num_items_in_batch(trainer, inputs: dict, device: torch.device):
-    """The items (label tokens that count) `trainer.prediction_step` divides the loss of `inputs` by: a tensor on
-    `device`, or None when the loss is a plain mean. `Trainer._get_num_items_in_batch([inputs], device)`, private in
-    transformers 5.23, is the count `prediction_step` itself uses (and subclasses override): an evaluation that
-    multiplies the loss back into a sum must use the same one. The public `get_batch_samples` calls it too, but is
-    overridden by subclasses that change their training batches."""
-    return trainer._get_num_items_in_batch([inputs], device)
-
-
-def trainer_memory_tracker(trainer):
-    """The Trainer's `TrainerMemoryTracker` (`Trainer._memory_tracker`, private in transformers 5.23), whose public
-    `start()` and `stop_and_update_metrics(metrics)` add the memory metrics of `skip_memory_metrics=False` to an
-    evaluation, as `Trainer.evaluate` does."""
-    return trainer._memory_tracker

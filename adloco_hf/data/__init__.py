@@ -30,7 +30,6 @@ True
 """
 
 from .packed_stream import PackedStream, build_lm_stream, load_document_stream
-from .packing import _pack as _pack  # tests call it as `data._pack`
 from .packing import build_lm_datasets, lm_dataset_stats
 from .python_source import BUILTIN_SOURCE_CORPUS, load_source_corpus
 from .sources import BUILTIN_CORPUS, C4_DATASET, load_builtin_corpus, load_c4, load_text_corpus

@@ -22,6 +22,7 @@ import os
 import datasets
 import pyarrow.parquet as pq
 
+from ..common.upstream import fingerprint as dataset_fingerprint
 from .python_source import (
     BUILTIN_SOURCE_CORPUS,
     PINNED_VERSIONS,
@@ -62,7 +63,7 @@ def export_source_corpus(directory: str, packages: list[str] | None = None, max_
     os.replace(tmp, data_path)
     manifest = {
         "corpus": BUILTIN_SOURCE_CORPUS,
-        "fingerprint": corpus._fingerprint,
+        "fingerprint": dataset_fingerprint(corpus),
         "pinned_versions": PINNED_VERSIONS,
         "num_rows": len(corpus),
         "sha256": _sha256(data_path),

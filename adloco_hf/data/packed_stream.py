@@ -33,8 +33,8 @@ from transformers import PreTrainedTokenizerBase
 from ..sampling.reshard import check_old_states
 from ..sampling.stream_parts import STATE_KIND, StreamPart, register_part_kind, worker_stream
 from .packing import pack_documents
-from .sources import C4_DATASET, _builder_for_file, _check_text_column, _select_text_column
-from .tokenizer import _tokenizer_fingerprint
+from .sources import C4_DATASET, builder_for_file, check_text_column, select_text_column
+from .tokenizer import tokenizer_fingerprint
 
 
 __all__ = ["PackedPart", "PackedStream", "build_lm_stream", "document_key", "load_document_stream"]
@@ -136,7 +136,7 @@ class PackedPart:
         self.blocks = 0
         self._tokens = np.empty(0, dtype=np.int32)
         self._offset = 0  # tokens of `_tokens` already emitted
-        self._fingerprint = _tokenizer_fingerprint(tokenizer)
+        self._fingerprint = tokenizer_fingerprint(tokenizer)
 
     def describe(self) -> str:
         """One line for logs: the documents' layout."""
@@ -148,7 +148,7 @@ class PackedPart:
         for _ in range(self.tokenize_documents):
             example = self.source.next_example()
             if self.text_column not in example:
-                _check_text_column(list(example), self.text_column, "the document stream")
+                check_text_column(list(example), self.text_column, "the document stream")
             texts.append(example[self.text_column])
         ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
         eos = [self.tokenizer.eos_token_id]
@@ -261,11 +261,11 @@ def load_document_stream(
             stream = datasets.load_dataset("json", data_files=_expand(data_files), split="train", streaming=True)
     elif os.path.isfile(source) or os.path.isdir(source):
         files = [source] if os.path.isfile(source) else _expand(os.path.join(source, "**"))
-        stream = datasets.load_dataset(_builder_for_file(files[0]), data_files=files, split="train", streaming=True)
+        stream = datasets.load_dataset(builder_for_file(files[0]), data_files=files, split="train", streaming=True)
     else:
         kwargs = {"data_files": data_files} if data_files is not None else {}
         stream = datasets.load_dataset(source, split=split, streaming=True, **kwargs)
-    stream = _select_text_column(stream, text_column, source)
+    stream = select_text_column(stream, text_column, source)
     return stream if text_column == "text" else stream.rename_column(text_column, "text")
 
 

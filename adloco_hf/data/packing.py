@@ -12,10 +12,11 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from ..common.files import replace_directory
-from ._cache import _FORMAT_VERSION, _MAP_BATCH_SIZE, _hash, _main_process_first
+from ..common.upstream import fingerprint as dataset_fingerprint
+from .cache import FORMAT_VERSION, MAP_BATCH_SIZE, content_hash, main_process_first
 from .python_source import SPLIT_COLUMN
-from .sources import _require_text_column
-from .tokenizer import _tokenizer_fingerprint
+from .sources import require_text_column
+from .tokenizer import tokenizer_fingerprint
 
 
 _LM_INFO_FILE = "adloco_lm_dataset.json"
@@ -69,18 +70,18 @@ def build_lm_datasets(
         raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
     if max_eval_documents is not None and max_eval_documents < 1:
         raise ValueError(f"max_eval_documents must be >= 1 or None, got {max_eval_documents}")
-    _require_text_column(texts)
+    require_text_column(texts)
     if len(texts) < 2:
         raise ValueError(f"texts needs at least 2 documents (one for train, one for eval), got {len(texts)}")
     if tokenizer.eos_token_id is None:
         raise ValueError("tokenizer has no eos_token: packing separates documents with it; set tokenizer.eos_token")
 
-    fingerprint = _hash(
+    fingerprint = content_hash(
         [
             "lm",
-            _FORMAT_VERSION,
-            texts._fingerprint,
-            _tokenizer_fingerprint(tokenizer),
+            FORMAT_VERSION,
+            dataset_fingerprint(texts),
+            tokenizer_fingerprint(tokenizer),
             block_size,
             eval_fraction,
             max_eval_documents,
@@ -102,7 +103,7 @@ def build_lm_datasets(
         return build()
 
     path = os.path.join(cache_dir, f"lm-{fingerprint}")
-    with _main_process_first():
+    with main_process_first():
         if not os.path.isdir(path):
             lm_datasets = build()
             os.makedirs(cache_dir, exist_ok=True)
@@ -159,7 +160,7 @@ def _tokenize_and_pack(
             block_size=block_size,
             name=name,
             num_proc=num_proc,
-            fingerprint=_hash([fingerprint, name]),
+            fingerprint=content_hash([fingerprint, name]),
             hint=hint,
         )
     return datasets.DatasetDict(splits)
@@ -182,7 +183,9 @@ def pack_documents(
         ValueError: when the documents hold less than one block (`hint` ends the message with what to change).
     """
     eos = tokenizer.eos_token_id
-    fingerprint = fingerprint or _hash(["pack", _FORMAT_VERSION, docs._fingerprint, _tokenizer_fingerprint(tokenizer)])
+    fingerprint = fingerprint or content_hash(
+        ["pack", FORMAT_VERSION, dataset_fingerprint(docs), tokenizer_fingerprint(tokenizer)]
+    )
 
     def tokenize(batch: list[str]) -> dict[str, list]:
         ids = tokenizer(batch, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
@@ -195,15 +198,15 @@ def pack_documents(
     tokenized = docs.map(
         tokenize,
         batched=True,
-        batch_size=_MAP_BATCH_SIZE,
+        batch_size=MAP_BATCH_SIZE,
         input_columns="text",
         remove_columns=docs.column_names,
         features=token_features,
         num_proc=num_proc,
-        new_fingerprint=_hash([fingerprint, "tokenize"]),
+        new_fingerprint=content_hash([fingerprint, "tokenize"]),
         desc=f"Tokenising {name} documents",
     )
-    packed = _pack(tokenized, block_size, num_proc=num_proc, fingerprint=_hash([fingerprint, "pack"]))
+    packed = _pack(tokenized, block_size, num_proc=num_proc, fingerprint=content_hash([fingerprint, "pack"]))
     if len(packed) == 0:
         total = int(np.sum(tokenized.data.column("num_tokens").to_numpy()))
         raise ValueError(
@@ -245,7 +248,7 @@ def _pack(
     *,
     num_proc: int | None,
     fingerprint: str,
-    batch_size: int = _MAP_BATCH_SIZE,
+    batch_size: int = MAP_BATCH_SIZE,
 ) -> datasets.Dataset:
     """Cut the concatenated `input_ids` of `tokenized` into blocks of `block_size` tokens, dropping the final rest.
 

@@ -50,7 +50,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import datasets
 
 from ..common.versions import REFERENCE
-from ._cache import _FORMAT_VERSION, _hash
+from .cache import FORMAT_VERSION, content_hash
 
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ PINNED_VERSIONS = {"transformers": REFERENCE["transformers"], "torch": "2.13.0",
 
 # `corpus_fingerprint` of the corpus on the reference install (Linux, CPython 3.11, torch 2.13.0+cpu): 6,226 files,
 # 109 MB; 31,016,064 train and 114,944 eval tokens in blocks of 128 with the 4096-token BPE. Update it (and those
-# numbers) when a rule or `_FORMAT_VERSION` changes.
+# numbers) when a rule or `FORMAT_VERSION` changes.
 REFERENCE_FINGERPRINT = "d7e1aef2fb3a92d7"
 
 SPLIT_COLUMN = "split"
@@ -238,7 +238,7 @@ def corpus_fingerprint(files: list[SourceFile]) -> str:
     It is the same on every machine where the corpus is (so caches can be compared and copied).
     """
     listing = [[f.path, f.digest, f.split, f.tokenizer_sample] for f in files]
-    return _hash(["python-source", _FORMAT_VERSION, _RULES, listing])
+    return content_hash(["python-source", FORMAT_VERSION, _RULES, listing])
 
 
 def read_documents(files: list[SourceFile]) -> Iterator[dict[str, object]]:

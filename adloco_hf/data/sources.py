@@ -19,7 +19,7 @@ from typing import Any
 
 import datasets
 
-from ._cache import _FORMAT_VERSION, _hash
+from .cache import FORMAT_VERSION, content_hash
 from .python_source import BUILTIN_SOURCE_CORPUS, load_source_corpus
 
 
@@ -160,7 +160,7 @@ def load_text_corpus(
         return load_c4(num_documents=num_documents, data_files=data_files)
 
     if os.path.isfile(source):
-        builder, builder_files = _builder_for_file(source), os.path.abspath(source)
+        builder, builder_files = builder_for_file(source), os.path.abspath(source)
         load_args, identity = (builder,), [builder, _files_signature(builder_files)]
         load_kwargs = {"data_files": builder_files}
     elif os.path.isdir(source):
@@ -174,12 +174,12 @@ def load_text_corpus(
         stream = datasets.load_dataset(*load_args, split="train", streaming=True, **load_kwargs)
         return _take_documents(stream, num_documents=num_documents, text_column=text_column, source=identity)
     dataset = datasets.load_dataset(*load_args, split="train", **load_kwargs)
-    _check_text_column(dataset.column_names, text_column, source)
+    check_text_column(dataset.column_names, text_column, source)
     dataset = dataset.select_columns([text_column])
     return dataset if text_column == "text" else dataset.rename_column(text_column, "text")
 
 
-def _builder_for_file(path: str) -> str:
+def builder_for_file(path: str) -> str:
     name = path.lower()
     for suffix in _COMPRESSION_SUFFIXES:
         name = name.removesuffix(suffix)
@@ -203,7 +203,7 @@ def _files_signature(data_files: str | list[str]) -> list[Any]:
     return signature
 
 
-def _check_text_column(columns: list[str] | None, text_column: str, source: Any) -> None:
+def check_text_column(columns: list[str] | None, text_column: str, source: Any) -> None:
     if columns is not None and text_column not in columns:
         raise ValueError(
             f"text_column={text_column!r} is not a column of {source}: its columns are {columns}. "
@@ -211,7 +211,7 @@ def _check_text_column(columns: list[str] | None, text_column: str, source: Any)
         )
 
 
-def _require_text_column(texts: datasets.Dataset) -> None:
+def require_text_column(texts: datasets.Dataset) -> None:
     if "text" not in texts.column_names:
         raise ValueError(
             f"texts has no 'text' column (its columns are {texts.column_names}): load it with "
@@ -219,13 +219,13 @@ def _require_text_column(texts: datasets.Dataset) -> None:
         )
 
 
-def _select_text_column(stream: datasets.IterableDataset, text_column: str, source) -> datasets.IterableDataset:
+def select_text_column(stream: datasets.IterableDataset, text_column: str, source) -> datasets.IterableDataset:
     """The stream with only `text_column` (checked to exist, from the first document when features are unknown)."""
     columns = stream.column_names
     if columns is None:  # features unknown until read: look at the first document
         first = next(iter(stream.take(1)), None)
         columns = None if first is None else list(first)
-    _check_text_column(columns, text_column, source)
+    check_text_column(columns, text_column, source)
     stream = stream.select_columns([text_column])
     return stream
 
@@ -234,14 +234,14 @@ def _take_documents(
     stream: datasets.IterableDataset, *, num_documents: int, text_column: str, source: list[Any]
 ) -> datasets.Dataset:
     """Materialise the first documents of a stream into an on-disk `Dataset` (the C4 path and every streamed one)."""
-    stream = _select_text_column(stream, text_column, source)
+    stream = select_text_column(stream, text_column, source)
 
     def documents() -> Iterator[dict[str, str]]:
         for example in stream.take(num_documents):
             yield {"text": example[text_column]}
 
     # An explicit fingerprint names the cache entry (and avoids hashing the stream object): same request, same rows.
-    fingerprint = _hash(["documents", _FORMAT_VERSION, source, text_column, num_documents])
+    fingerprint = content_hash(["documents", FORMAT_VERSION, source, text_column, num_documents])
     features = datasets.Features({"text": datasets.Value("string")})
     dataset = datasets.Dataset.from_generator(documents, features=features, fingerprint=fingerprint)
     if len(dataset) < num_documents:

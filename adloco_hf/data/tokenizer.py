@@ -11,9 +11,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ..common.files import publish_files
-from ._cache import _FORMAT_VERSION, _MAP_BATCH_SIZE, _hash, _main_process_first
+from ..common.upstream import fingerprint as dataset_fingerprint
+from .cache import FORMAT_VERSION, MAP_BATCH_SIZE, content_hash, main_process_first
 from .python_source import TOKENIZER_SAMPLE_COLUMN
-from .sources import _require_text_column
+from .sources import require_text_column
 
 
 EOS_TOKEN = "<|endoftext|>"
@@ -44,9 +45,9 @@ def train_tokenizer(texts: datasets.Dataset, *, vocab_size: int, save_dir: str) 
     """
     if vocab_size <= 257:
         raise ValueError(f"vocab_size must be > 257 (256 bytes + {EOS_TOKEN!r}), got {vocab_size}")
-    _require_text_column(texts)
+    require_text_column(texts)
     fingerprint = _tokenizer_training_fingerprint(texts, vocab_size)
-    with _main_process_first():
+    with main_process_first():
         if _saved_fingerprint(save_dir) != fingerprint:
             tokenizer = _train_byte_level_bpe(texts, vocab_size)
             os.makedirs(save_dir, exist_ok=True)
@@ -103,7 +104,7 @@ def _train_byte_level_bpe(texts: datasets.Dataset, vocab_size: int) -> PreTraine
     if TOKENIZER_SAMPLE_COLUMN in texts.column_names:  # the corpus names the documents to learn from
         texts = texts.select(np.flatnonzero(np.asarray(texts.with_format(None)[TOKENIZER_SAMPLE_COLUMN], dtype=bool)))
     texts = texts.select_columns(["text"])
-    batches = (texts[i : i + _MAP_BATCH_SIZE]["text"] for i in range(0, len(texts), _MAP_BATCH_SIZE))
+    batches = (texts[i : i + MAP_BATCH_SIZE]["text"] for i in range(0, len(texts), MAP_BATCH_SIZE))
     tokenizer.train_from_iterator(batches, trainer=trainer, length=len(texts))
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
@@ -116,7 +117,7 @@ def _train_byte_level_bpe(texts: datasets.Dataset, vocab_size: int) -> PreTraine
 
 
 def _tokenizer_training_fingerprint(texts: datasets.Dataset, vocab_size: int) -> str:
-    return _hash(["tokenizer", _FORMAT_VERSION, texts._fingerprint, vocab_size])
+    return content_hash(["tokenizer", FORMAT_VERSION, dataset_fingerprint(texts), vocab_size])
 
 
 def _saved_fingerprint(save_dir: str) -> str | None:
@@ -127,7 +128,7 @@ def _saved_fingerprint(save_dir: str) -> str | None:
         return None
 
 
-def _tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """Identity of a tokenizer for the packing cache: its name, size, eos, and a hash of its full definition."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
@@ -136,7 +137,7 @@ def _tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
         merges = getattr(tokenizer, "bpe_ranks", None)
         merges = sorted((" ".join(pair), rank) for pair, rank in merges.items()) if merges else None
         definition = json.dumps([sorted(tokenizer.get_vocab().items()), merges])
-    return _hash(
+    return content_hash(
         [
             tokenizer.name_or_path,
             len(tokenizer),

@@ -29,7 +29,7 @@ from transformers.trainer_utils import speed_metrics
 
 from ..common.distributed import comm_device, is_distributed
 from ..common.rng import get_rng_state, set_rng_state
-from ..config.compat import trainer_memory_tracker
+from ..common.upstream import trainer_memory_tracker
 from ..instances.table import final_merge_weights
 from ..reporting.run_log import MERGED
 from .predictions import ShardOutput, is_causal_lm, predict_shard, share_instance_metrics
@@ -37,6 +37,7 @@ from .view import EvaluationSettings, EvaluationView
 
 
 __all__ = [
+    "evaluate_datasets",
     "combine_instance_metrics",
     "evaluate_instances",
     "instance_losses",
@@ -97,6 +98,23 @@ def combine_instance_metrics(
             if f"{prefix}_{name}" in metrics:
                 metrics[f"{prefix}_instances_mean_{name}"] = metrics[f"{prefix}_{name}"]
     return metrics
+
+
+def evaluate_datasets(trainer, view: EvaluationView, settings: EvaluationSettings, dataset, ignore_keys, prefix: str):
+    """`evaluate_instances` on `dataset`: one dataset, a dict of them (each with the prefix `{prefix}_{name}`), or the
+    name of one of `trainer.eval_dataset`'s, as `Trainer.evaluate` takes them; every line of `adloco_eval.jsonl`
+    names its `dataset` (None for a single eval dataset)."""
+    if isinstance(dataset, str):
+        name, dataset = dataset, trainer.eval_dataset[dataset]
+        return evaluate_instances(trainer, view, settings, dataset, ignore_keys, prefix, dataset_name=name)
+    if isinstance(dataset, dict):
+        metrics = {}
+        for name, part in dataset.items():
+            metrics.update(
+                evaluate_instances(trainer, view, settings, part, ignore_keys, f"{prefix}_{name}", dataset_name=name)
+            )
+        return metrics
+    return evaluate_instances(trainer, view, settings, dataset, ignore_keys, prefix)
 
 
 def evaluate_instances(

@@ -24,7 +24,7 @@ from transformers.trainer_utils import EvalPrediction, denumpify_detensorize, un
 
 from ..common.distributed import WorkerMonitor
 from ..common.inputs import batch_length
-from ..config.compat import trainer_num_items_in_batch
+from ..common.upstream import trainer_num_items_in_batch
 
 
 __all__ = ["ShardOutput", "instance_metrics", "is_causal_lm", "predict_shard", "share_instance_metrics"]

@@ -38,6 +38,7 @@ from ..common.distributed import (
 from ..common.layout import WorkerLayout
 from ..config.choices import MERGE_TRANSPORTS
 from ..outer.step import GlobalModel
+from .merge_settings import MergePlace, MergeSettings
 from .payload import Float32Payload, all_reduce_share, broadcast_state, merge_payload, recv_handoffs, start_handoff
 from .table import Instance, MergePlan, final_merge_weights, instance_of
 from .transfers import MergeCollectives, Transfer, plan_collectives, plan_transfers
@@ -46,6 +47,8 @@ from .transfers import MergeCollectives, Transfer, plan_collectives, plan_transf
 __all__ = [
     "MERGE_TRANSPORTS",
     "MergeOutcome",
+    "MergePlace",
+    "MergeSettings",
     "all_reduce_merge",
     "all_reduce_share",
     "execute_merge",
@@ -323,73 +326,60 @@ def merge_at_round_end(
     plan: MergePlan,
     where: str,
     *,
-    rank: int,
+    place: MergePlace,
+    settings: MergeSettings,
     global_model: GlobalModel,
     inner_optimizer,
-    with_momentum: bool,
-    save: bool,
     monitor,
     hint,
-    transport: str = "all_reduce",
-    groups=None,
-    layout: WorkerLayout | None = None,
-    local_rank: int = 0,
-    global_rank: int | None = None,
     gather=None,
     before: tuple[int, float] = (0, 0.0),
-    payload: str = "float32",
-    block_size: int = 256,
 ) -> tuple[MergeResult, bool]:
-    """Carry out a round's merge on this rank, bounded by the monitor's `worker_timeout`; returns what every rank
+    """Carry out a round's merge on this process, bounded by the monitor's `worker_timeout`; returns what every rank
     reports of it (bytes, seconds, the merged φ on global rank 0 when merges are saved) and whether this worker
     changed instance.
 
-    `transport`: `"all_reduce"` (`all_reduce_merge`, on process groups from `groups`, the worker's
-    `ProcessGroupCache`) or `"point_to_point"` (`execute_merge`; module docstring). With several processes per
-    worker, `rank` is this process's worker id, `global_rank` its rank (the merged φ is returned on rank 0 only) and
-    every local rank carries the merge out over its own ranks (`layout`, `local_rank`). `gather` (sharded workers,
-    worker_parallelism="fsdp"): turns worker 0's shards of the merged φ into what rank 0 saves, collective over
-    worker 0's processes. `before`: the bytes this rank sent and the seconds it spent just before, as part of the
-    merge (Streaming DiLoCo's sync of every fragment), counted in the merge's. `payload` (`merge_payload`:
-    "float32" or "compact", int8 blocks of `block_size` for the momentum) is what the all-reduce transport
-    sends; point-to-point merges send float32."""
-    if transport not in MERGE_TRANSPORTS:
-        raise ValueError(f"merge_transport={transport!r}: choose one of {list(MERGE_TRANSPORTS)}")
-    if transport == "all_reduce" and groups is None:  # groups of this merge only, bounded by worker_timeout
+    `settings.transport`: `"all_reduce"` (`all_reduce_merge`, on process groups from `place.groups`) or
+    `"point_to_point"` (`execute_merge`; module docstring). `gather` (sharded workers, worker_parallelism="fsdp"):
+    turns worker 0's shards of the merged φ into what rank 0 saves, collective over worker 0's processes. `before`:
+    the bytes this rank sent and the seconds it spent just before, as part of the merge (Streaming DiLoCo's sync of
+    every fragment), counted in the merge's."""
+    groups = place.groups
+    if settings.transport == "all_reduce" and groups is None:  # groups of this merge only, bounded by worker_timeout
         groups = ProcessGroupCache(timeout=monitor.timeout.total_seconds())
     started = time.perf_counter()
     with monitor.watch(where, hint):  # its messages are bounded by worker_timeout too
-        if transport == "all_reduce":
+        if settings.transport == "all_reduce":
             outcome = all_reduce_merge(
                 plan,
-                plan_collectives(plan, writer_rank=0, save=save),
-                rank=rank,
+                plan_collectives(plan, writer_rank=0, save=settings.save),
+                rank=place.worker,
                 global_model=global_model,
-                with_momentum=with_momentum,
+                with_momentum=settings.with_momentum,
                 groups=groups,
                 group=monitor.message_group,
-                layout=layout,
-                local_rank=local_rank,
-                payload=merge_payload(payload, block_size=block_size),
+                layout=place.layout,
+                local_rank=place.local_rank,
+                payload=merge_payload(settings.payload, block_size=settings.block_size),
             )
         else:
             outcome = execute_merge(
                 plan,
-                plan_transfers(plan, writer_rank=0, save=save),
-                rank=rank,
+                plan_transfers(plan, writer_rank=0, save=settings.save),
+                rank=place.worker,
                 global_model=global_model,
                 inner_optimizer=inner_optimizer,
-                with_momentum=with_momentum,
+                with_momentum=settings.with_momentum,
                 group=monitor.message_group,
-                layout=layout,
-                local_rank=local_rank,
+                layout=place.layout,
+                local_rank=place.local_rank,
             )
     moved = monitor.gather_rows(
         [outcome.sent_bytes + before[0], time.perf_counter() - started + before[1]], where, hint
     )
-    phi = outcome.merged_phi if (rank if global_rank is None else global_rank) == 0 and save else None
-    if gather is not None and save and rank == 0 and outcome.merged_phi is not None:
+    phi = outcome.merged_phi if place.global_rank == 0 and settings.save else None
+    if gather is not None and settings.save and place.worker == 0 and outcome.merged_phi is not None:
         full = gather(outcome.merged_phi)  # every process of worker 0 (the writer) holds its shard
-        phi = full if global_rank == 0 else None
+        phi = full if place.global_rank == 0 else None
     result = MergeResult(plan, int(sum(r[0] for r in moved)), max(r[1] for r in moved), phi)
     return result, outcome.changed_instance

@@ -62,7 +62,7 @@ def _q_max(bits: int) -> int:
     return 2 ** (bits - 1) - 1
 
 
-def _check(bits: int, block_size: int) -> None:
+def check_blocks(bits: int, block_size: int) -> None:
     if bits not in BITS:
         raise ValueError(f"bits must be one of {BITS}, got {bits}")
     if not isinstance(block_size, int) or block_size < 2 or block_size % 2:
@@ -76,7 +76,7 @@ def _payload_bytes(numel: int, bits: int) -> int:
 
 def wire_bytes(numel: int, *, bits: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
     """Bytes a quantized tensor of `numel` elements takes on the wire: the payload plus one float32 scale a block."""
-    _check(bits, block_size)
+    check_blocks(bits, block_size)
     return _payload_bytes(numel, bits) + _SCALE_BYTES * math.ceil(numel / block_size)
 
 
@@ -133,7 +133,7 @@ def quantize(tensor: torch.Tensor, bits: int = 8, block_size: int = DEFAULT_BLOC
         >>> dequantize(q).shape
         torch.Size([3, 1000])
     """
-    _check(bits, block_size)
+    check_blocks(bits, block_size)
     if not tensor.is_floating_point():
         raise TypeError(f"quantize expects a floating-point tensor, got {tensor.dtype}")
     q_max = _q_max(bits)
@@ -173,7 +173,7 @@ def dequantize(q: Quantized) -> torch.Tensor:
 
 def quantization_error_bound(tensor: torch.Tensor, bits: int, block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
     """Per element of `tensor`, the bound (s_b / 2)(1 + 2⁻¹⁴) on |x − dequantize(quantize(x))|, in float64."""
-    _check(bits, block_size)
+    check_blocks(bits, block_size)
     flat = tensor.detach().reshape(-1).to(torch.float32).to(torch.float64)
     numel = flat.numel()
     num_blocks = math.ceil(numel / block_size)
@@ -201,7 +201,7 @@ class ErrorFeedback:
     """
 
     def __init__(self, bits: int = 8, block_size: int = DEFAULT_BLOCK_SIZE):
-        _check(bits, block_size)
+        check_blocks(bits, block_size)
         self.bits = bits
         self.block_size = block_size
         self.residual: torch.Tensor | None = None

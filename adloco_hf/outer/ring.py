@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from ..common.distributed import comm_device
-from .compression import DEFAULT_BLOCK_SIZE, ErrorFeedback, Quantized, _check, dequantize, quantize, wire_bytes
+from .compression import DEFAULT_BLOCK_SIZE, ErrorFeedback, Quantized, check_blocks, dequantize, quantize, wire_bytes
 
 
 __all__ = ["RingResult", "ring_all_reduce_mean", "ring_bytes_sent", "ring_chunks", "ring_error_bound"]
@@ -77,7 +77,7 @@ def ring_error_bound(
     abs_sum: torch.Tensor, num_workers: int, *, bits: int, block_size: int = DEFAULT_BLOCK_SIZE
 ) -> torch.Tensor:
     """Per element, the bound on |ring mean − exact mean| given abs_sum = Σ_w |x_w| (flat, float): see the module docs."""
-    _check(bits, block_size)
+    check_blocks(bits, block_size)
     if num_workers == 1:
         return torch.zeros_like(abs_sum, dtype=torch.float32)
     flat = abs_sum.reshape(-1).to(torch.float64)
@@ -122,7 +122,7 @@ def ring_all_reduce_mean(
         >>> result.bytes_sent == ring_bytes_sent(pseudo_gradient.numel(), m, r, bits=4)
         True
     """
-    _check(bits, block_size)
+    check_blocks(bits, block_size)
     if error_feedback is not None and (error_feedback.bits, error_feedback.block_size) != (bits, block_size):
         raise ValueError(
             f"the error feedback quantizes to {error_feedback.bits} bits in blocks of {error_feedback.block_size}, "

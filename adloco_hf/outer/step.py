@@ -13,7 +13,8 @@ once (`eager.EagerOffset`): θ_w ← φ_i + o_w, and the all-reduce runs while t
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,7 +27,7 @@ from .settings import OuterSettings
 from .streaming_diloco import StreamingSync
 
 
-__all__ = ["BUCKET_NUMEL", "DTYPES", "GlobalModel", "OuterStepResult", "ring_all_reduce_bytes"]
+__all__ = ["BUCKET_NUMEL", "DTYPES", "GlobalModel", "OuterStepResult", "ProcessSplit", "ring_all_reduce_bytes"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -46,6 +47,23 @@ class OuterStepResult:
     skipped: bool  # the average was not finite: φ unchanged
     local_finite: bool = True  # this worker's own Δ was finite (overlapped: a non-finite one is not applied)
     local_sq_norm: float = math.nan  # ‖Δ_w‖² of this worker's own Δ before the average (blocking steps only)
+
+
+@dataclass(frozen=True)
+class ProcessSplit:
+    """How a worker's G processes share φ's outer step (one process per worker: nothing is split).
+
+    Attributes:
+        intra_group: the worker's processes' group, over which the reduced slices are all-gathered (`split_over`).
+        parts: G, the slices the pseudo-gradient's all-reduce is split into (1: not split).
+        local_rank: this process's slice.
+        norm_group: with FSDP's shards, the group the norms are summed over (`shard_over`; None: φ is whole here).
+    """
+
+    intra_group: Any = None
+    parts: int = 1
+    local_rank: int = 0
+    norm_group: Any = None
 
 
 class GlobalModel:
@@ -107,12 +125,9 @@ class GlobalModel:
         # processes_per_worker > 1 (`split_over`): this process reduces slice [a, b) of Δ across workers and the
         # worker's intra group all-gathers the slices; φ and the momentum stay whole on every process of the worker.
         self.part: tuple[int, int] | None = None
-        self._intra_group = None
-        self._parts = 1
-        self._local_rank = 0
+        self.split = ProcessSplit()
         # worker_parallelism="fsdp" (`shard_over`): `params` are this process's shards; the norms are summed over
-        # the worker's processes so that all of them report the whole model's and skip a round alike.
-        self._norm_group = None
+        # the worker's processes (`split.norm_group`) so that all of them report the whole model's and skip alike.
         self.copy_from_params()
         self.streaming: StreamingSync | None = None
         if fragments is not None:
@@ -155,31 +170,31 @@ class GlobalModel:
         slices over the worker's `intra_group`, so each of the worker's G links carries 1/G of the payload."""
         if processes_per_worker <= 1:
             return
-        self._intra_group, self._parts, self._local_rank = intra_group, processes_per_worker, local_rank
+        self.split = replace(self.split, intra_group=intra_group, parts=processes_per_worker, local_rank=local_rank)
         self.part = part_range(self.numel, processes_per_worker, local_rank)
 
     def shard_over(self, intra_group) -> None:
         """`params` are this process's FSDP shards (the same shard as this local rank of the other workers): Δ is
         all-reduced across workers as it is, and only its norms are summed over the worker's `intra_group`."""
-        self._norm_group = intra_group
+        self.split = replace(self.split, norm_group=intra_group)
 
-    def _whole_norms(self, norm: float, local_sq: float) -> tuple[float, float]:
+    def whole_norms(self, norm: float, local_sq: float) -> tuple[float, float]:
         """With sharded parameters: the whole model's ‖Δ‖ and ‖Δ_w‖² from every process's shard (one all-reduce)."""
-        if self._norm_group is None:
+        if self.split.norm_group is None:
             return norm, local_sq
         sums = torch.tensor([norm * norm, local_sq], dtype=torch.float64, device=comm_device(self.device))
-        dist.all_reduce(sums, group=self._norm_group)
+        dist.all_reduce(sums, group=self.split.norm_group)
         return math.sqrt(float(sums[0])), float(sums[1])
 
     def _gather_parts(self, delta: torch.Tensor) -> None:
         """Every process's averaged slice into the whole of `delta` (one all-gather over the intra group)."""
-        size = -(-self.numel // self._parts)
+        size = -(-self.numel // self.split.parts)
         a, b = self.part
         device = comm_device(delta.device)
         mine = torch.zeros(size, dtype=torch.float32, device=device)
         mine[: b - a].copy_(delta[a:b])
-        gathered = [torch.empty_like(mine) for _ in range(self._parts)]
-        dist.all_gather(gathered, mine, group=self._intra_group)
+        gathered = [torch.empty_like(mine) for _ in range(self.split.parts)]
+        dist.all_gather(gathered, mine, group=self.split.intra_group)
         delta.copy_(torch.cat(gathered)[: self.numel])
 
     @property
@@ -269,7 +284,7 @@ class GlobalModel:
         elif num_workers > 1:
             self.reduce.start(delta, group, num_workers, out=delta, weight=weight).wait()
         norm = float(torch.linalg.vector_norm(delta))
-        norm, local_sq = self._whole_norms(norm, local_sq)
+        norm, local_sq = self.whole_norms(norm, local_sq)
         skipped = not math.isfinite(norm)
         if not skipped:
             self.optimizer.step()

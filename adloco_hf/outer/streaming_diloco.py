@@ -69,8 +69,8 @@ class StreamingSync:
     """The fragments of one `GlobalModel`, their schedule, the average in flight and the round's tally.
 
     Args:
-        model: the `GlobalModel` whose φ is synced in fragments (its `part`, `_intra_group` and `_norm_group` are
-            read at each sync, so `split_over` / `shard_over` may come after).
+        model: the `GlobalModel` whose φ is synced in fragments (its `part` and `split` are read at each sync, so
+            `split_over` / `shard_over` may come after).
         num_fragments: P.
         delay: τ, inner steps between sending a fragment and applying its average.
         alpha: α, the weight of the local weights when an average is applied.
@@ -204,7 +204,7 @@ class StreamingSync:
         part, sent = None, size
         reduce = self.reduces[fragment]
         if num_workers > 1 and model.part is not None:
-            part = part_range(size, model._parts, model._local_rank)
+            part = part_range(size, model.split.parts, model.split.local_rank)
             sent = part[1] - part[0]
             pending = reduce.start(delta[part[0] : part[1]], group, num_workers, background=True)
         else:
@@ -226,7 +226,7 @@ class StreamingSync:
         mean = flight.pending.wait().to(model.device, torch.float32)
         if flight.part is not None:
             mean = self._gather_parts(mean, self.sizes[fragment])
-        norm, local_sq = model._whole_norms(float(torch.linalg.vector_norm(mean)), flight.local_sq)
+        norm, local_sq = model.whole_norms(float(torch.linalg.vector_norm(mean)), flight.local_sq)
         skipped = not math.isfinite(norm)
         if skipped:
             model.copy_to_params()  # θ ← φ everywhere: no non-finite value stays in the local weights
@@ -262,12 +262,12 @@ class StreamingSync:
     def _gather_parts(self, part_mean: torch.Tensor, size: int) -> torch.Tensor:
         """processes_per_worker > 1: every process's averaged slice of the fragment, all-gathered inside the worker."""
         model = self.model
-        chunk = -(-size // model._parts)
+        chunk = -(-size // model.split.parts)
         device = comm_device(part_mean.device)
         mine = torch.zeros(chunk, dtype=torch.float32, device=device)
         mine[: part_mean.numel()].copy_(part_mean)
-        gathered = [torch.empty_like(mine) for _ in range(model._parts)]
-        dist.all_gather(gathered, mine, group=model._intra_group)
+        gathered = [torch.empty_like(mine) for _ in range(model.split.parts)]
+        dist.all_gather(gathered, mine, group=model.split.intra_group)
         return torch.cat(gathered)[:size].to(model.device)
 
     # ---- merges, the end of training, resume ----

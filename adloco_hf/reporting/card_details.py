@@ -106,7 +106,12 @@ def hub_dataset_id(dataset: str | None) -> str | None:
 
 def batch_used(record: dict[str, Any]) -> int:
     """Samples each worker of an instance used per inner step in a round, from its rounds-file line: the request, or
-    `max_batch_size` where switch mode capped it (`RoundLine.batch_size_used`)."""
+    `max_batch_size` where switch mode capped it (`RoundLine.batch_size_used`, written since 0.3; computed from the
+    plan's keys for older files, and the request for a line without them)."""
+    if record.get("batch_size_used") is not None:
+        return record["batch_size_used"]
+    if "accumulation_steps" not in record:
+        return record["batch_size"]
     if record["accumulation_steps"] > 1:
         return record["batch_size"]
     return record.get("processes_per_worker", 1) * record["micro_batch_size"]

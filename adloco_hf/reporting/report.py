@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.formats import format_bytes, format_count, format_duration
+from .card_details import batch_used
 from .run_log import MERGED, ROUNDS_FILE, group_by_round, is_finite_number, load_evals, load_rounds
 
 
@@ -64,7 +65,9 @@ def summarize_run(output_dir: str | os.PathLike) -> dict[str, Any]:
     Keys:
         `output_dir`, `rounds` (outer steps logged), `global_step` (last), `initial_instances`,
         `final_instances` (after the last round's merge), `batch_size_start` / `batch_size_end`
-        ({instance: per-worker request} in the instance's first round / after its last round),
+        ({instance: the per-worker batch that ran} in the instance's first round / in its last round: switch mode
+        may run less than the request), `batch_size_next` ({instance: the per-worker request planned for a next
+        round}, for the instances that were not merged away; no step ran it),
         `merges` (number of instances merged away), `merge_events` (list of
         `{"outer_step", "survivor", "merged_from"}`), `total_tokens`, `total_samples`, `comm_bytes`,
         `comm_seconds` (summed over instances and rounds), `final_train_loss` (last round's losses
@@ -81,6 +84,15 @@ def summarize_run(output_dir: str | os.PathLike) -> dict[str, Any]:
     return summarize_records(load_rounds(output_dir), load_evals(output_dir), output_dir)
 
 
+def merge_events_of(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`{"outer_step", "survivor", "merged_from"}` of every merge in a rounds file's records."""
+    return [
+        {"outer_step": r["outer_step"], "survivor": r["instance"], "merged_from": list(r["merged_from"])}
+        for r in rounds
+        if r.get("merged_from")
+    ]
+
+
 def summarize_records(
     rounds: list[dict[str, Any]], evals: list[dict[str, Any]], output_dir: str | os.PathLike
 ) -> dict[str, Any]:
@@ -92,15 +104,17 @@ def summarize_records(
 
     batch_size_start: dict[int, int] = {}
     batch_size_end: dict[int, int] = {}
-    for record in rounds:
-        batch_size_start.setdefault(record["instance"], record["batch_size"])
-        batch_size_end[record["instance"]] = record.get("next_batch_size") or record["batch_size"]
+    batch_size_next: dict[int, int] = {}
+    for record in rounds:  # what ran (switch mode may cap a request), and the request planned for a next round
+        batch_size_start.setdefault(record["instance"], batch_used(record))
+        batch_size_end[record["instance"]] = batch_used(record)
+        if record.get("merged_into") is None and record.get("next_batch_size") is not None:
+            batch_size_next[record["instance"]] = record["next_batch_size"]
+    for event in merge_events_of(rounds):  # an instance merged away has no next round
+        for merged in event["merged_from"]:
+            batch_size_next.pop(merged, None)
 
-    merge_events = [
-        {"outer_step": r["outer_step"], "survivor": r["instance"], "merged_from": list(r["merged_from"])}
-        for r in rounds
-        if r.get("merged_from")
-    ]
+    merge_events = merge_events_of(rounds)
 
     weighted = [(_demand(r), r["train_loss"]) for r in last_round if is_finite_number(r.get("train_loss"))]
     total_demand = sum(demand for demand, _ in weighted)
@@ -127,6 +141,7 @@ def summarize_records(
         "final_instances": last_round[-1]["num_instances"],
         "batch_size_start": batch_size_start,
         "batch_size_end": batch_size_end,
+        "batch_size_next": batch_size_next,
         "merges": sum(len(event["merged_from"]) for event in merge_events),
         "merge_events": merge_events,
         "total_tokens": max(r.get("total_tokens") or 0 for r in rounds),
@@ -154,6 +169,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     batch_rows = []
     for instance, start in summary["batch_size_start"].items():
         row = f"instance {instance}: {start} -> {summary['batch_size_end'][instance]}"
+        if instance in summary.get("batch_size_next", {}):
+            row += f" (next round's request: {summary['batch_size_next'][instance]})"
         if instance in merged_into:
             survivor, step = merged_into[instance]
             row += f"  (merged into {survivor} at round {step})"

@@ -11,14 +11,13 @@ from dataclasses import dataclass, field, replace
 
 from ..batch.controller import NoiseEstimate, next_request
 from ..batch.goodput import GoodputChoice, GoodputModel, choose_request
-from ..batch.lr_scaling import lr_factor
 from ..batch.size_tests import PooledStatistics, pool_statistics
-from ..batch.switch_mode import plan_batch
 from ..batch.throughput import ThroughputProfile
 from ..batch.worker_split import plan_worker_split, resize_split
 from ..instances.health import merge_warnings, skipped_rounds_failure
 from ..instances.table import Instance, MergePlan, merge_is_due, plan_merge
 from ..outer.step import ring_all_reduce_bytes
+from .plan import WorkerPlan, plan_instance, plan_round, process_plan
 from .rows import RoundLine, WorkerReport
 from .rules import RoundRules
 
@@ -36,11 +35,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RoundDecision:
-    """What every rank decided from the same reports: the round's lines, the table after it and the merge, if due."""
+    """What every rank decided from the same reports: the round's lines, the table after it, the merge if due, and
+    every worker's plan for the next round (worker id → [`WorkerPlan`]), planned from that table."""
 
     lines: dict[int, RoundLine]
     instances: list[Instance]
     merge: MergePlan | None
+    plans: dict[int, WorkerPlan] = field(default_factory=dict)
     warnings: list[str] = field(
         default_factory=list
     )  # merges of instances that made no progress (`instances/health.py`)
@@ -59,7 +60,8 @@ def _line(
     rules: RoundRules,
 ) -> RoundLine:
     g = rules.processes_per_worker
-    plan = plan_batch(inst.batch_size // g, rules.max_batch_size, rules.switch_threshold)
+    ran = plan_instance(inst, rules)  # what every worker of the instance ran this round
+    requested = process_plan(inst.batch_size // g, rules)  # the request as switch mode ran it (shares aside)
     steps = sum(m.loss_steps for m in members)
     # Local rank l of every worker all-reduces slice l: the ring bytes of the first worker's G processes' payloads.
     first = members[:g]
@@ -71,9 +73,9 @@ def _line(
         workers=list(inst.workers),
         batch_size=inst.batch_size,
         next_batch_size=next_batch,
-        micro_batch_size=plan.micro_batch_size,
-        accumulation_steps=plan.accumulation_steps,
-        lr_factor=lr_factor(rules.lr_batch_scaling, plan.batch_size, rules.reference_batch_size),
+        micro_batch_size=requested.micro_batch_size,
+        accumulation_steps=requested.accumulation_steps,
+        lr_factor=ran[inst.first_worker].lr_factor,
         samples=int(sum(m.samples for m in members)),
         tokens=int(sum(m.tokens for m in members)),
         train_loss=sum(m.loss_sum for m in members) / steps if steps else math.nan,
@@ -90,7 +92,7 @@ def _line(
         processes_per_worker=g,
         processes=[w * g + local for w in inst.workers for local in range(g)] if g > 1 else None,
         process_payload_bytes=[m.payload_bytes for m in first] if g > 1 else None,
-        worker_batch_sizes=list(inst.split(g * plan.batch_size)),
+        worker_batch_sizes=[ran[w].share for w in inst.workers],
         worker_sample_seconds=[s if math.isfinite(s) else None for s in seconds],
     )
 
@@ -176,7 +178,14 @@ def decide_round(
         warnings = merge_warnings(merge, outer_step=outer_step)
         decided = list(merge.after)
         lines[merge.survivor].merged_from = [merge.merged]
-    if rules.worker_batch_split == "speed":
+        lines[merge.merged].merged_into = merge.survivor
+        # The next round runs the requests the merge left (`merge_batch_rule`, over the redistributed workers), not
+        # the ones the instances asked for: the lines say both, named apart.
+        for inst in decided:
+            line = lines[inst.id]
+            if inst.batch_size != line.next_batch_size:
+                line.asked_batch_size, line.next_batch_size = line.next_batch_size, inst.batch_size
+    if rules.split.rule == "speed":
         decided = plan_shares(decided, reports, rules)
     next_inner_steps = (
         None if inner_steps is None else next_round_inner_steps(list(lines.values()), inner_steps, rules)
@@ -185,6 +194,7 @@ def decide_round(
         lines=lines,
         instances=decided,
         merge=merge,
+        plans=plan_round(decided, rules),
         warnings=warnings,
         failure=failure,
         next_inner_steps=next_inner_steps,
@@ -194,8 +204,7 @@ def decide_round(
 def used_per_worker(batch_size: int, rules: RoundRules) -> int:
     """The samples a worker of an instance requesting `batch_size` per worker trains per inner step, as switch mode
     runs it (capped at `max_batch_size` per process between it and `switch_threshold` × it)."""
-    g = rules.processes_per_worker
-    return g * plan_batch(batch_size // g, rules.max_batch_size, rules.switch_threshold).batch_size
+    return rules.processes_per_worker * process_plan(batch_size // rules.processes_per_worker, rules).batch_size
 
 
 def worker_sample_seconds(members: list[WorkerReport], processes_per_worker: int) -> list[float]:
@@ -222,8 +231,9 @@ def plan_shares(instances: list[Instance], reports: list[WorkerReport], rules: R
     planned = []
     for inst in instances:
         used = used_per_worker(inst.batch_size, rules)
-        total, minimum = used * len(inst.workers), min(rules.min_share, used)
-        limit = None if rules.share_limit is None else max(rules.share_limit, used)
+        split = rules.split
+        total, minimum = used * len(inst.workers), min(split.min_share, used)
+        limit = None if split.share_limit is None else max(split.share_limit, used)
         current = inst.split(used)
         if inst.shares and sum(inst.shares) != total:  # the request moved: the split so far, at the new total
             current = resize_split(inst.shares, total, unit=g, minimum=minimum, limit=limit) or current
@@ -231,7 +241,7 @@ def plan_shares(instances: list[Instance], reports: list[WorkerReport], rules: R
             total,
             [seconds[w] for w in inst.workers],
             current,
-            hysteresis=rules.split_hysteresis,
+            hysteresis=split.hysteresis,
             unit=g,
             minimum=minimum,
             limit=limit,
@@ -262,8 +272,7 @@ def _goodput_choice(
         inner_steps=inner_steps,
         workers=len(inst.workers),
         processes=g,
-        max_batch_size=rules.max_batch_size,
-        switch_threshold=rules.switch_threshold,
+        switch=rules.switch,
         reference=g * rules.reference_batch_size,
     )
     low = g * math.ceil(controller.floor / g)

@@ -32,8 +32,9 @@ def run_summary(state: AdLoCoState, world_size: int, processes_per_worker: int =
 
 
 def round_message(lines: list[RoundLine], num_instances: int, merge: MergePlan | None) -> str:
-    """The one log line of a round, e.g. `round 3 (step 60) | instances 2 | batch i0=4→6 | loss 5.1 | sent 3.8 MiB`."""
-    batches = ", ".join(f"i{line.instance}={line.batch_size}→{line.next_batch_size}" for line in lines)
+    """The one log line of a round, e.g. `round 3 (step 60) | instances 2 | batch i0=4→6 | loss 5.1 | sent 3.8 MiB`:
+    each instance's request this round and the request planned for its next (`_batch_text`)."""
+    batches = ", ".join(_batch_text(line) for line in lines)
     losses = [line.train_loss for line in lines if line.train_loss is not None]
     message = (
         f"round {lines[0].outer_step} (step {lines[0].global_step}) | instances {num_instances} | "
@@ -47,6 +48,14 @@ def round_message(lines: list[RoundLine], num_instances: int, merge: MergePlan |
         in_a_row = ", ".join(f"i{line.instance}: {line.skipped_in_a_row} in a row" for line in skipped)
         message += f" | SKIPPED (non-finite) {[line.instance for line in skipped]} ({in_a_row})"
     return message
+
+
+def _batch_text(line: RoundLine) -> str:
+    """`i0=4→6`: the request this round, and the one planned for the next (after this round's merge); `i0=10 ran
+    8→12` where switch mode capped the request; `i1=4→merged` for an instance merged away at the round's end."""
+    ran = "" if line.batch_size_used == line.batch_size else f" ran {line.batch_size_used}"
+    after = "merged" if line.merged_into is not None else str(line.next_batch_size)
+    return f"i{line.instance}={line.batch_size}{ran}→{after}"
 
 
 def round_logs(lines: list[RoundLine], state: AdLoCoState, instances: list[Instance]) -> dict[str, float]:

@@ -104,6 +104,10 @@ class RoundLine:
     comm_seconds: float
     outer_seconds: float
     merged_from: list[int] = field(default_factory=list)
+    merged_into: int | None = None  # the survivor this instance merged into at the round's end (None: it goes on)
+    # The request the batch-size rule asked for the next round where the round's merge then planned another (the
+    # survivor's request under `merge_batch_rule`, in `next_batch_size`); None (left out): the two agree.
+    asked_batch_size: int | None = None
     skipped: bool = False
     skipped_in_a_row: int = 0  # this round included, while it is skipped
     merge_bytes: int | None = None  # the merge's bytes, on the survivor's line only
@@ -143,7 +147,8 @@ class RoundLine:
 
     def to_json(self) -> dict[str, Any]:
         line = asdict(self)
-        for key in ("merge_bytes", "goodput", "goodput_kept", "step_model"):
+        line["batch_size_used"] = self.batch_size_used  # what ran, next to the request (`batch_size`)
+        for key in ("merge_bytes", "merged_into", "asked_batch_size", "goodput", "goodput_kept", "step_model"):
             if line[key] is None:
                 del line[key]
         if self.processes_per_worker == 1:

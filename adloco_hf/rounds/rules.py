@@ -3,9 +3,21 @@
 from dataclasses import dataclass
 
 from ..batch.controller import ControllerRules
+from ..batch.switch_mode import SwitchMode
 
 
-__all__ = ["RoundRules"]
+__all__ = ["RoundRules", "RoundRulesCache", "SplitRules"]
+
+
+@dataclass(frozen=True)
+class SplitRules:
+    """How an instance's total batch is split among its workers: `"equal"`, or `"speed"` (`batch/worker_split.py`)
+    with the split kept unless a new one would end a round sooner by more than `hysteresis`."""
+
+    rule: str  # worker_batch_split
+    hysteresis: float
+    min_share: int  # the smallest share of a worker: G samples (2G with FSDP's two halves per process)
+    share_limit: int | None  # the largest share of a worker: its data shard (None for a stream)
 
 
 @dataclass(frozen=True)
@@ -19,8 +31,7 @@ class RoundRules:
     """
 
     controller: ControllerRules  # how each instance's request moves from round to round (`batch/controller.py`)
-    max_batch_size: int  # a process's largest micro-batch (switch mode accumulates above it)
-    switch_threshold: float
+    switch: SwitchMode  # a process's largest micro-batch and γ: every plan of a round goes through it (`plan.py`)
     merge_every: int
     merge_policy: str
     merge_batch_rule: str
@@ -33,12 +44,7 @@ class RoundRules:
     max_inner_steps: int | None
     outer_noise_theta: float
     processes_per_worker: int  # G: requests are per worker and multiples of G, each process draws 1/G
-    # How an instance's total batch is split among its workers: "equal", or "speed" (`batch/worker_split.py`) with
-    # the split kept unless a new one would end a round sooner by more than split_hysteresis.
-    worker_batch_split: str
-    split_hysteresis: float
-    min_share: int  # the smallest share of a worker: G samples (2G with FSDP's two halves per process)
-    share_limit: int | None  # the largest share of a worker: its data shard (None for a stream)
+    split: SplitRules
 
     @classmethod
     def from_args(cls, args, *, max_batch_size: int, shard_size: int | None) -> "RoundRules":
@@ -67,8 +73,7 @@ class RoundRules:
         )
         return cls(
             controller=controller,
-            max_batch_size=max_batch_size,
-            switch_threshold=args.switch_threshold,
+            switch=SwitchMode(max_batch_size, args.switch_threshold),
             merge_every=args.merge_every,
             merge_policy=args.merge_policy,
             merge_batch_rule=args.merge_batch_rule,
@@ -79,9 +84,33 @@ class RoundRules:
             max_inner_steps=args.max_inner_steps,
             outer_noise_theta=args.outer_noise_theta,
             processes_per_worker=g,
-            worker_batch_split=args.worker_batch_split,
-            split_hysteresis=args.split_hysteresis,
-            # FSDP measures the statistics on two halves of every process's batch (config/checks.py).
-            min_share=g * (2 if fsdp_statistics else 1),
-            share_limit=None if shard_size is None else g * shard_size,
+            split=SplitRules(
+                rule=args.worker_batch_split,
+                hysteresis=args.split_hysteresis,
+                # FSDP measures the statistics on two halves of every process's batch (config/checks.py).
+                min_share=g * (2 if fsdp_statistics else 1),
+                share_limit=None if shard_size is None else g * shard_size,
+            ),
         )
+
+
+class RoundRulesCache:
+    """`RoundRules` from a run's config, built again only when its inputs change: the largest micro-batch (known
+    once training starts) and a worker's data shard (it changes with the number of workers on an elastic resume).
+
+    Args:
+        args: the run's `AdLoCoConfig` (read by `RoundRules.from_args` only).
+    """
+
+    def __init__(self, args):
+        self._args = args
+        self._rules: RoundRules | None = None
+        self._inputs: tuple[int | None, int | None] | None = None
+
+    def get(self, *, max_batch_size: int, shard_size: int | None) -> RoundRules:
+        """The rules for a process's largest micro-batch `max_batch_size` and data shard `shard_size`."""
+        inputs = (max_batch_size, shard_size)
+        if self._rules is None or inputs != self._inputs:
+            self._rules = RoundRules.from_args(self._args, max_batch_size=max_batch_size, shard_size=shard_size)
+            self._inputs = inputs
+        return self._rules

@@ -7,7 +7,7 @@ from ..instances.merges import MergeResult
 from .rows import RoundLine
 
 
-__all__ = ["AdLoCoState", "RoundResult", "RunTotals"]
+__all__ = ["AdLoCoState", "RoundResult", "RunTotals", "StepEnd"]
 
 
 @dataclass
@@ -59,3 +59,12 @@ class RoundResult:
     lines: list[RoundLine]
     merge: MergeResult | None = None
     preempted: bool = False  # some worker got SIGTERM/SIGINT: every worker stops after this round
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    """What the end of an inner step did on a worker: the round's end, if the step ended one, and whether training
+    stops at this step (a preemption every worker agreed on)."""
+
+    round: RoundResult | None = None
+    stop: bool = False

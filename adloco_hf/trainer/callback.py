@@ -13,31 +13,19 @@ __all__ = ["AdLoCoCallback"]
 
 
 class AdLoCoCallback(TrainerCallback):
-    """Calls `start` when training begins, `optimizer_step` and `step_end` after every inner step's optimizer step
-    and at its end, and `end` when training ends.
+    """Calls `start` when training begins, `step_end` at the end of every inner step, and `end` when training ends.
 
     Args:
         start: sets up this process's worker (instance, φ, batch plan).
-        optimizer_step: closes the step's time (the worker's speed), before later callbacks that might wait.
-        step_end: ends the round when the step was its last.
+        step_end: ends the step (its timing, a fragment sync), and the round when the step was its last.
         end: finishes a round cut short, merges the instances, saves, evaluates and pushes the merged model.
     """
 
-    def __init__(
-        self,
-        *,
-        start: Callable[[], None],
-        optimizer_step: Callable[[], None],
-        step_end: Callable[[], None],
-        end: Callable[[], None],
-    ):
-        self._start, self._optimizer_step, self._step_end, self._end = start, optimizer_step, step_end, end
+    def __init__(self, *, start: Callable[[], None], step_end: Callable[[], None], end: Callable[[], None]):
+        self._start, self._step_end, self._end = start, step_end, end
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._start()
-
-    def on_optimizer_step(self, args, state, control, **kwargs):
-        self._optimizer_step()
 
     def on_step_end(self, args, state, control, **kwargs):
         self._step_end()

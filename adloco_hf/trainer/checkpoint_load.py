@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 def check_workers_for_instances(worker: Worker, resume_from_checkpoint: str | None) -> None:
     """Every instance needs a worker: a new run's `num_instances`, a resumed run's checkpoint's instances (merges
     may have left fewer than `num_instances`; an elastic resume may have fewer workers, `checkpoint/elastic.py`)."""
-    num_workers, num_instances = worker.num_workers, worker.settings.num_instances
+    num_workers, num_instances = worker.num_workers, worker.settings.start.num_instances
     if resume_from_checkpoint is not None:
         check_instances_fit(resume_from_checkpoint, num_workers)
     elif num_instances > num_workers:

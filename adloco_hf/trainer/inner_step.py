@@ -1,87 +1,73 @@
-"""One inner step inside `AdLoCoTrainer`: micro-batches accumulated into one optimizer step (switch mode, or two
-halves for the gradient statistics), the probe step that sizes `max_batch_size="auto"`, and the DDP that joins the
-processes of one worker.
+"""The Trainer's side of one inner step: its own forward/backward, handed to the worker to run on each chunk of the
+step ([`TrainerPasses`]); the probe step that sizes `max_batch_size="auto"`; and the DDP that joins the processes of
+one worker.
 
 These are the Trainer's own steps run differently, not overrides: `trainer/trainer.py` decides when each runs.
 """
 
-import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import Trainer
 
-from ..batch.switch_mode import Statistics, StepPlan
-from ..common.inputs import split_inputs
+from ..common.inputs import count_tokens
+from ..common.upstream import mark_prepared, trainer_num_items_in_batch
 from ..sampling.stream_sampler import AdaptiveStreamSampler
-from ..worker.core import Worker
 
 
-__all__ = ["accumulate", "no_sync", "probe_step", "worker_ddp"]
+__all__ = ["TrainerPasses", "probe_step", "worker_ddp"]
 
 
-def no_sync(model):
-    """DDP's `no_sync` for a worker of several processes; nothing to turn off for a bare model."""
-    return (
-        model.no_sync() if isinstance(model, torch.nn.parallel.DistributedDataParallel) else contextlib.nullcontext()
-    )
+class TrainerPasses:
+    """The Trainer's forward/backward of one chunk of an inner step, as the worker runs the step
+    (`worker.inner_steps.StepPasses`).
 
+    Args:
+        trainer: the Trainer whose loss normalisation the chunks follow.
+        step: the Trainer's own `training_step` (forward, backward, loss).
+        model: the model as the step runs it.
+        num_items_in_batch: the whole batch's items (label tokens), or None.
 
-def accumulate(
-    trainer: Trainer,
-    worker: Worker,
-    step: Callable,
-    model,
-    inputs,
-    plan: StepPlan,
-    num_items_in_batch,
-    synced: bool = True,
-) -> torch.Tensor:
-    """Forward/backward each chunk inside one optimizer step; the gradient equals the whole batch's.
-
-    `step` is the Trainer's own `training_step` (forward, backward, loss), run once per chunk. Inside a worker of
-    several processes (DDP) every chunk but the last runs under `no_sync` (`synced`: the last one all-reduces the
-    accumulated gradient; else the caller keeps all of them local).
-
-    With `num_items_in_batch` the model normalises every chunk by the whole batch's token count; otherwise the
-    Trainer divides each chunk's mean loss by `current_gradient_accumulation_steps`, set here to b / n_j.
+    With `num_items_in_batch` the model normalises every chunk by the whole batch's count; otherwise the Trainer
+    divides each chunk's mean loss by `current_gradient_accumulation_steps`, set here to b / n_j for a chunk of n_j
+    of the step's b samples, so that the chunks' gradients add up to the whole batch's.
     """
-    sizes = list(plan.chunk_sizes)
-    chunks = split_inputs(inputs, sizes)
-    batch = sum(sizes)
-    collect = plan.statistics is Statistics.SPLIT
-    weights = [n / batch for n in sizes]
-    if collect and num_items_in_batch is not None:
-        counts = [float(trainer._get_num_items_in_batch([c], trainer.args.device)) for c in chunks]
-        weights = [c / sum(counts) for c in counts] if sum(counts) > 0 else None
-    if collect and weights is not None:
-        worker.start_statistics(weights)
-    saved = getattr(trainer, "current_gradient_accumulation_steps", 1)
-    total = None
-    try:
-        for index, (chunk, size) in enumerate(zip(chunks, sizes)):
-            if collect and weights is not None:
-                worker.begin_chunk(index)
-            if num_items_in_batch is None:
-                trainer.current_gradient_accumulation_steps = batch / size
-            last = index == len(sizes) - 1
-            with contextlib.nullcontext() if last or not synced else no_sync(model):
-                loss = step(model, chunk, num_items_in_batch)
-            total = loss if total is None else total + loss
-    finally:
-        trainer.current_gradient_accumulation_steps = saved
-    return total
+
+    def __init__(self, trainer: Trainer, step: Callable, model: torch.nn.Module, num_items_in_batch):
+        self.model = model
+        self.trainer = trainer
+        self.step = step
+        self.num_items_in_batch = num_items_in_batch
+
+    def forward_backward(self, chunk: dict[str, Any], samples: int, batch: int) -> torch.Tensor:
+        if samples == batch or self.num_items_in_batch is not None:
+            return self.step(self.model, chunk, self.num_items_in_batch)
+        saved = getattr(self.trainer, "current_gradient_accumulation_steps", 1)
+        self.trainer.current_gradient_accumulation_steps = batch / samples
+        try:
+            return self.step(self.model, chunk, self.num_items_in_batch)
+        finally:
+            self.trainer.current_gradient_accumulation_steps = saved
+
+    def items(self, chunk: dict[str, Any]) -> float | None:
+        if self.num_items_in_batch is None:
+            return None
+        return float(trainer_num_items_in_batch(self.trainer, chunk, self.trainer.args.device))
+
+    def tokens(self, inputs: dict[str, Any]) -> torch.Tensor | int:
+        return count_tokens(inputs, getattr(self.trainer.model, "main_input_name", "input_ids"))
 
 
-def probe_step(trainer: Trainer, size: int) -> None:
-    """Forward and backward on `size` training samples, gradients cleared after (for max_batch_size='auto')."""
-    loader, sampler = trainer._train_loader, trainer.train_sampler
+def probe_step(trainer: Trainer, loader, sampler, size: int, prepare: Callable[[dict], dict]) -> None:
+    """Forward and backward on `size` training samples of `loader` (batched by `prepare`: the Trainer's own input
+    preparation), gradients cleared after (for max_batch_size='auto')."""
     dataset, collator = loader.dataset, loader.collate_fn
     if isinstance(sampler, AdaptiveStreamSampler):
         examples = sampler.probe_examples(size)  # from a fresh part: no training data is drawn
     else:
         examples = [dataset[i % len(dataset)] for i in range(size)]
-    inputs = trainer._prepare_inputs(collator(examples))
+    inputs = prepare(collator(examples))
     model = trainer.model
     model.train()
     try:
@@ -110,5 +96,5 @@ def worker_ddp(prepared, args, device: torch.device, group) -> torch.nn.parallel
         process_group=group,
         **kwargs,
     )
-    ddp._is_accelerate_prepared = True
+    mark_prepared(ddp)
     return ddp

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from transformers import Trainer
 
+from ..common.upstream import trainer_collator_with_removed_columns, trainer_remove_unused_columns
+
 
 __all__ = ["check_first_batch", "check_eval_batches"]
 
@@ -123,8 +125,8 @@ def check_eval_batches(trainer: Trainer) -> None:
             continue
         collator = trainer.data_collator
         if isinstance(original, datasets.Dataset):
-            dataset = trainer._remove_unused_columns(original, description="evaluation")
+            dataset = trainer_remove_unused_columns(trainer, original, "evaluation")
         else:
-            dataset, collator = original, trainer._get_collator_with_removed_columns(collator, "evaluation")
+            dataset, collator = original, trainer_collator_with_removed_columns(trainer, collator, "evaluation")
         description = "evaluation" if name is None else f"evaluation ({name!r})"
         check_first_batch(trainer, dataset, collator, original=original, description=description)

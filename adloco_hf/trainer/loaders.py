@@ -5,6 +5,7 @@ import datasets
 from torch.utils.data import DataLoader
 from transformers import Trainer
 
+from ..common.upstream import trainer_collator_with_removed_columns, trainer_remove_unused_columns
 from ..sampling.sampler import AdaptiveBatchSampler, adaptive_train_loader
 from ..sampling.stream_parts import is_stream
 from ..sampling.stream_sampler import AdaptiveStreamSampler, adaptive_stream_loader
@@ -25,7 +26,7 @@ def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | A
     if is_stream(dataset):
         loader = adaptive_stream_loader(
             dataset,
-            trainer._get_collator_with_removed_columns(collator, description="training"),
+            trainer_collator_with_removed_columns(trainer, collator, "training"),
             batch_size=args.per_device_train_batch_size,
             num_workers=args.world_size,
             rank=args.process_index,
@@ -34,9 +35,9 @@ def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | A
         check_eval_batches(trainer)
         return loader, loader.dataset
     if isinstance(dataset, datasets.Dataset):
-        dataset = trainer._remove_unused_columns(dataset, description="training")
+        dataset = trainer_remove_unused_columns(trainer, dataset, "training")
     else:
-        collator = trainer._get_collator_with_removed_columns(collator, description="training")
+        collator = trainer_collator_with_removed_columns(trainer, collator, "training")
     loader = adaptive_train_loader(
         dataset,
         collator,

@@ -18,15 +18,25 @@ printed by global rank 0 only.
 """
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 from transformers.trainer_callback import CallbackHandler, PrinterCallback, ProgressCallback
 
-from ..common.logs import leave_out_lines
+from ..common.logs import leave_out_lines, restart_rate_estimate
+from ..rounds.log_lines import round_logs, round_message
+from ..rounds.state import RoundResult
 from ..worker.round_end import logger as round_logger
 
 
-__all__ = ["RoundPrinterCallback", "RoundProgressCallback", "quiet_console", "show_round_line", "use_round_console"]
+__all__ = [
+    "RoundPrinterCallback",
+    "RoundProgressCallback",
+    "announce_round",
+    "quiet_console",
+    "show_round_line",
+    "use_round_console",
+]
 
 # The banner's lines about a fixed-batch epoch loop (transformers' `Trainer._inner_training_loop`).
 FIXED_BATCH_BANNER = (
@@ -107,3 +117,19 @@ def quiet_console(is_world_process_zero: bool) -> Iterator[None]:
         lines.update(SAME_ON_EVERY_WORKER)
     with leave_out_lines(lines):
         yield
+
+
+def announce_round(trainer, result: RoundResult) -> None:
+    """A round of `trainer`'s worker, as people and trackers see it (the same call on every rank): its `adloco/*`
+    values through `trainer.log` (for `report_to`), its line on the console, and, when the batches changed, the
+    progress bar's estimate of the time left restarted from the next steps instead of averaging in the old speed."""
+    worker = trainer.worker
+    if trainer.args.logging_strategy != "no":
+        trainer.log(round_logs(result.lines, worker.state, worker.instances))
+        message = round_message(result.lines, len(worker.instances), result.merge and result.merge.plan)
+        level = logging.WARNING if any(line.skipped for line in result.lines) else logging.INFO
+        show_round_line(trainer.callback_handler, trainer.is_world_process_zero(), message, level)
+    if result.merge is not None or any(line.next_batch_size != line.batch_size for line in result.lines):
+        for callback in trainer.callback_handler.callbacks:
+            if isinstance(callback, ProgressCallback) and callback.training_bar is not None:
+                restart_rate_estimate(callback.training_bar, trainer.state.global_step)

@@ -17,6 +17,12 @@ from ..checkpoint.folders import save_errors, save_rank_state
 from ..checkpoint.manifest import record_own_files, write_manifest
 from ..checkpoint.run_settings import run_settings, save_run_settings
 from ..common.files import publish_checkpoint
+from ..common.upstream import (
+    trainer_output_dir,
+    trainer_save_optimizer_and_scheduler,
+    trainer_save_rng_state,
+    trainer_save_scaler,
+)
 from ..worker.core import Worker
 
 
@@ -31,7 +37,7 @@ def save_staged_checkpoint(trainer: Trainer, worker: Worker, trial=None) -> None
     scaler, instance state) for each worker, since the Trainer saves rank 0's optimizer only; then `adloco/run.json`
     (the settings that define the run) and, last, `adloco/manifest.json` (every file's size and checksum)."""
     step = trainer.state.global_step
-    run_dir = trainer._get_output_dir(trial=trial)
+    run_dir = trainer_output_dir(trainer, trial)
     checkpoint = f"{PREFIX_CHECKPOINT_DIR}-{step}"
     final_dir, staging = os.path.join(run_dir, checkpoint), os.path.join(run_dir, f".tmp-{checkpoint}")
     # Every wait is bounded by worker_timeout and names a missing worker; a failed write (full disk) is one clear
@@ -47,9 +53,9 @@ def save_staged_checkpoint(trainer: Trainer, worker: Worker, trial=None) -> None
     with save_errors(final_dir, run_dir, monitor.report):
         trainer.save_model(staging, _internal_call=True)
         if not trainer.args.save_only_model:
-            trainer._save_optimizer_and_scheduler(staging)
-            trainer._save_scaler(staging)
-            trainer._save_rng_state(staging)
+            trainer_save_optimizer_and_scheduler(trainer, staging)
+            trainer_save_scaler(trainer, staging)
+            trainer_save_rng_state(trainer, staging)
             path = save_rank_state(staging, trainer.args.process_index, worker.state_dict())
             record_own_files(
                 staging, trainer.args.process_index, [path]

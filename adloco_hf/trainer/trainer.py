@@ -6,7 +6,6 @@ ends. What the overrides run lives beside this file: the inner step (`inner_step
 (`loaders.py`), resuming (`checkpoint_load.py`), the checkpoint save (`staged_save.py`), the merge folders (`merge_folders.py`).
 """
 
-import contextlib
 import functools
 import logging
 import os
@@ -15,21 +14,19 @@ import warnings
 import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer
-from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..checkpoint.folders import save_errors
 from ..checkpoint.manifest import resolve_checkpoint
 from ..common.collectives import collective, watch_exit
-from ..common.inputs import batch_length, count_tokens
-from ..common.logs import restart_rate_estimate
 from ..common.versions import end_training
 from ..config.arguments import AdLoCoConfig
-from ..evaluation.evaluate import evaluate_instances
+from ..evaluation.evaluate import evaluate_datasets
 from ..evaluation.view import EvaluationSettings, EvaluationView
+from ..reporting.card_details import CardDetails
 from ..reporting.earlier_run import warn_about_earlier_run
-from ..reporting.hub import MergedModelHubMixin
-from ..rounds.log_lines import round_logs, round_message
+from ..reporting.hub import HubUploadError
+from ..reporting.run_hub import create_run_repo
 from ..rounds.state import AdLoCoState, RoundResult
 from ..sampling.sampler import AdaptiveBatchSampler
 from ..sampling.stream_sampler import AdaptiveStreamSampler
@@ -37,10 +34,10 @@ from ..worker.core import Worker
 from ..worker.preemption import TrainingPreempted
 from .callback import AdLoCoCallback
 from .checkpoint_load import check_workers_for_instances, load_checkpoint, load_scheduler
-from .inner_step import accumulate, no_sync, probe_step, worker_ddp
+from .inner_step import TrainerPasses, probe_step, worker_ddp
 from .loaders import train_loader
-from .merge_folders import save_global_weights_folder, save_merge
-from .round_console import quiet_console, show_round_line, use_round_console
+from .merge_folders import reporting_parts, save_merge
+from .round_console import announce_round, quiet_console, use_round_console
 from .staged_save import save_staged_checkpoint
 
 
@@ -49,7 +46,7 @@ __all__ = ["AdLoCoTrainer"]
 logger = logging.getLogger(__name__)
 
 
-class AdLoCoTrainer(MergedModelHubMixin, Trainer):
+class AdLoCoTrainer(Trainer):
     """A drop-in replacement for `transformers.Trainer` that trains with AdLoCo.
 
     Launch it with `accelerate launch`: every process is a worker with its own model copy, inner AdamW and data
@@ -90,8 +87,9 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
                 f"eval_strategy={args.eval_strategy.value!r} asks for evaluation but no eval_dataset was given; pass "
                 "eval_dataset=... or set eval_strategy='no'"
             )
-        self.worker = Worker(args)
+        self.worker = Worker.from_args(args)
         self.evaluation_settings = EvaluationSettings.from_args(args)
+        self.cards, self.hub = reporting_parts(self)  # the cards of the run's folders, its Hub uploads
         # worker_parallelism="fsdp": shard before the Trainer creates the optimizer (in train()), so that AdamW holds
         # the shards; the Trainer's own FSDP (which would shard over the world) stays refused (compat.py).
         self.worker.shard(self.model)
@@ -99,12 +97,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         self.train_sampler: AdaptiveBatchSampler | AdaptiveStreamSampler | None = None
         self._train_loader: DataLoader | None = None
         # Right after DefaultFlowCallback, before reporting and user callbacks (they see a round's synchronised weights).
-        events = AdLoCoCallback(
-            start=self._start_rounds,
-            optimizer_step=self.worker.step_trained,
-            step_end=self._maybe_end_round,
-            end=self._finish_rounds,
-        )
+        events = AdLoCoCallback(start=self._start_rounds, step_end=self._maybe_end_round, end=self._finish_rounds)
         self.callback_handler.callbacks.insert(1, events)
         use_round_console(self.callback_handler)  # a round prints one line, not its adloco/* dict (round_console.py)
         watch_exit()  # a worker that leaves while the others wait in a collective is seen leaving (`collective`)
@@ -134,18 +127,13 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         )
 
     def _maybe_end_round(self) -> None:
-        self.worker.close_step()  # the step's optimizer has run: the end of its timing (batch_size_target="goodput")
         step = self.state.global_step
         # The sampler never runs out: an epoch is max_steps steps, from the resumed step (as an uninterrupted run logs).
         self.state.epoch = step / self.state.max_steps
-        self.worker.sync_fragments(step)  # Streaming DiLoCo: the fragment due after this step (none otherwise)
-        round_end = self.worker.is_round_end(step) and step != self.worker.last_synced_step
-        stop = self.worker.preemption.after_step(step, steps_to_round_end=self.worker.steps_to_round_end(step))
-        if round_end:
-            result = self.worker.end_round(step)
-            self._after_round(result)
-            stop = stop or result.preempted
-        if stop:
+        end = self.worker.after_step(step)  # the step's end: a fragment sync, a round's end, a preemption's stop
+        if end.round is not None:
+            self._after_round(end.round)
+        if end.stop:
             self._stop_for_preemption()  # inside a round, the checkpoint holds every worker's own weights
 
     def _stop_for_preemption(self) -> None:
@@ -160,20 +148,7 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
             save_merge(self, result)
         if self.args.include_num_input_tokens_seen != "no":
             self.state.num_input_tokens_seen = self.worker.totals.tokens
-        if self.args.logging_strategy != "no":
-            self.log(round_logs(result.lines, self.worker.state, self.worker.instances))  # for report_to
-            message = round_message(result.lines, len(self.worker.instances), result.merge and result.merge.plan)
-            level = logging.WARNING if any(line.skipped for line in result.lines) else logging.INFO
-            show_round_line(self.callback_handler, self.is_world_process_zero(), message, level)
-        if result.merge is not None or any(line.next_batch_size != line.batch_size for line in result.lines):
-            self._restart_progress_estimate()
-
-    def _restart_progress_estimate(self) -> None:
-        """The batches change and with them the steps' speed: the progress bar's estimate of the time left restarts
-        from the next steps instead of averaging in the old speed (the bar is moved to this step right after)."""
-        for callback in self.callback_handler.callbacks:
-            if isinstance(callback, ProgressCallback) and callback.training_bar is not None:
-                restart_rate_estimate(callback.training_bar, self.state.global_step)
+        announce_round(self, result)  # adloco/* to the trackers, a line on the console, the bar's estimate
 
     def _finish_rounds(self) -> None:
         self.worker.preemption.uninstall()
@@ -186,8 +161,11 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         if self.eval_dataset is not None and self.args.eval_strategy != "no":
             self.record_merged_metrics(self.evaluate(metric_key_prefix="eval_merged"))  # into the merged cards
         self.draw_run_plot()  # rank 0: this run's plot, from its rounds file, into the merged cards
-        if self.args.push_to_hub:
-            self.push_at_end_of_training()  # a failure is raised by train() once every callback saw the end
+        if self.args.push_to_hub:  # a failure is raised by train() once every callback saw the end
+            try:
+                self.push_merged_to_hub(commit_message="AdLoCo merged model (end of training)")
+            except HubUploadError as error:
+                self.hub.error = error
 
     # The public collectives: every worker calls them, in the same order; one that calls one alone (`if rank == 0:`)
     # fails at once with the rule named, instead of waiting up to worker_timeout (`common/collectives.py`).
@@ -196,22 +174,21 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         """`Trainer.train`; raises [`TrainingPreempted`] naming the checkpoint written when SIGTERM/SIGINT stopped it.
         The checkpoint to resume from is verified first; `True` takes the newest intact one (`checkpoint/manifest.py`).
         Another run's checkpoints or merges in `output_dir` are named in a warning (`reporting/earlier_run.py`)."""
-        self._preempted_at, self._run_plot = None, None
+        self._preempted_at, self.cards.plot = None, None
         resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
         check_workers_for_instances(self.worker, resume_from_checkpoint)
         if self.is_world_process_zero():
             warn_about_earlier_run(self.args.output_dir, resume_from_checkpoint)
+        self.hub.error = None
         with quiet_console(self.is_world_process_zero()):  # the banner's true lines, warnings once
             output = super().train(resume_from_checkpoint, *args, **kwargs)
+        error, self.hub.error = self.hub.error, None
+        if error is not None:  # the end-of-training upload failed: the trained model is in the folder it names
+            error.train_output = output
+            raise error
         if self._preempted_at is not None:
             checkpoint = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self._preempted_at}")
-            raise TrainingPreempted(
-                f"training was preempted ({self.worker.preemption.signal_name or 'a signal to another worker'}) and "
-                f"stopped at step {self._preempted_at}: every worker saved its state in {checkpoint}. Resume with "
-                f"train(resume_from_checkpoint={checkpoint!r}) (or True) and the same number of processes (it was "
-                "written inside a round: another number of workers can resume only from a round's end).",
-                checkpoint,
-            )
+            raise TrainingPreempted.saved(checkpoint, self._preempted_at, self.worker.preemption.signal_name)
         return output
 
     def _run_epoch(self, *args, **kwargs) -> None:
@@ -257,59 +234,26 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
     # ---- one inner step: switch mode and gradient statistics ----
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         """One inner step as the worker plans it: the whole batch, or micro-batches accumulated (switch mode, or two
-        halves on a round's last step for the gradient statistics)."""
-        batch = batch_length(inputs)
-        plan = self.worker.plan_step(self.state.global_step, batch)
-        # processes_per_worker > 1: a step whose gradient statistics are read keeps each process's own gradient
-        # (DDP's all-reduce off) and averages it after the statistics (`Worker.sync_gradients`).
-        local = self.worker.local_gradient_step(self.state.global_step)
-        with no_sync(model) if local else contextlib.nullcontext():
-            if plan.accumulates:
-                step = super().training_step
-                loss = accumulate(self, self.worker, step, model, inputs, plan, num_items_in_batch, synced=not local)
-            else:
-                loss = super().training_step(model, inputs, num_items_in_batch)
-        tokens = count_tokens(inputs, getattr(self.model, "main_input_name", "input_ids"))
-        self.worker.finish_step(plan, loss, batch, tokens)
-        if local:
-            self.worker.sync_gradients()
-        return loss
+        halves on a round's last step for the gradient statistics), each chunk run by the Trainer's own step."""
+        passes = TrainerPasses(self, super().training_step, model, num_items_in_batch)
+        return self.worker.train_step(self.state.global_step, inputs, passes)
 
     def run_probe_step(self, size: int) -> None:
         """Forward and backward on `size` training samples, gradients cleared after (for max_batch_size='auto')."""
-        probe_step(self, size)
+        probe_step(self, self._train_loader, self.train_sampler, size, self._prepare_inputs)
 
     @collective("evaluate()")
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Exact token-weighted loss, `compute_metrics` and (causal LMs only) perplexity of every model being trained.
-
-        While several instances train, each instance's global model is evaluated on the whole eval set by its own
-        workers (each predicts a shard; `compute_metrics` runs once per instance on the joined predictions) and
-        logged as `{prefix}_instance_{i}_{metric}`; the top-level `{prefix}_{metric}` is the demand-weighted mean of
-        the instances' values (a causal LM's perplexity is that of the mean loss). That mean is no model's loss: no
-        single model achieves it, and the merge of instances that drifted apart can be far worse; it is also logged
-        under its honest name, `{prefix}_instances_mean_loss` (and `_perplexity`). With `eval_merged_model=True`
-        every evaluation also evaluates the model the final merge would produce now (all workers share the eval
-        set; their own weights are put back exactly afterwards) as `{prefix}_merged_loss`, `_perplexity` and
-        `{prefix}_merged_{metric}`. With one instance (or after the final merge) all workers share the eval set and
-        `compute_metrics` runs through the Trainer's `evaluation_loop`. A dict of datasets is evaluated name by name with the prefix
-        `{prefix}_{name}`, and a name evaluates that dataset of `self.eval_dataset`, as `Trainer.evaluate` does;
-        every line of `adloco_eval.jsonl` names its `dataset` (None for a single eval dataset).
-        """
+        """Exact token-weighted loss, `compute_metrics` and (causal LMs only) perplexity of every model being trained:
+        each instance's own global model on the whole eval set (`{prefix}_instance_{i}_{metric}`), their
+        demand-weighted mean (`{prefix}_{metric}`, also `{prefix}_instances_mean_loss`: no model's loss), and with
+        `eval_merged_model=True` the model the final merge would make now (`{prefix}_merged_*`). A dict of datasets
+        is evaluated name by name (`{prefix}_{name}_*`), as `Trainer.evaluate` does. See `evaluation/evaluate.py`."""
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("AdLoCoTrainer.evaluate needs an eval_dataset.")
-        view, settings = EvaluationView.from_worker(self.worker), self.evaluation_settings
-        if isinstance(dataset, str):
-            name, dataset = dataset, self.eval_dataset[dataset]
-            return evaluate_instances(self, view, settings, dataset, ignore_keys, metric_key_prefix, dataset_name=name)
-        if isinstance(dataset, dict):
-            metrics = {}
-            for name, part in dataset.items():
-                prefix = f"{metric_key_prefix}_{name}"
-                metrics.update(evaluate_instances(self, view, settings, part, ignore_keys, prefix, dataset_name=name))
-            return metrics
-        return evaluate_instances(self, view, settings, dataset, ignore_keys, metric_key_prefix)
+        view = EvaluationView.from_worker(self.worker)
+        return evaluate_datasets(self, view, self.evaluation_settings, dataset, ignore_keys, metric_key_prefix)
 
     # ---- checkpoints: per-worker state, written atomically ----
     def _save_checkpoint(self, model, trial) -> None:
@@ -370,12 +314,6 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
         end_training(self, super())  # Trainer.end() is new in transformers 5.18
 
     # ---- merges and the merged model ----
-    def _save_global_weights(self, folder: str, phi, *, title: str, extra: dict | None = None) -> str:
-        """Save flat global weights as a `from_pretrained` folder with a model card (on the writing rank). With
-        worker_parallelism="fsdp", `phi` is the full state dict already gathered (`Worker.full_save_state`). Here
-        because the model cards (`MergedModelHubMixin`) save through it."""
-        return save_global_weights_folder(self, folder, phi, title=title, extra=extra)
-
     @collective("save_merged_model()")
     def save_merged_model(self, output_dir: str | None = None) -> str:
         """Merge the surviving instances (demand-weighted) into every worker's model and save it on rank 0.
@@ -390,11 +328,72 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
             phi = self.worker.full_save_state(phi)  # collective over worker 0's processes, before rank 0 writes
         if self.is_world_process_zero():
             with save_errors(folder, self.args.output_dir, self.worker.monitor.report):
-                self.save_merged_folders(folder, phi)  # and merged-full/, cards
+                self.cards.save_merged_folders(folder, phi)  # and merged-full/, cards
             logger.info("saved the merged model to %s", folder)
         self.worker.monitor.check(f"saving {folder}", self.worker.resume_hint)
         return folder
 
     predict = collective("predict()")(Trainer.predict)
-    push_merged_to_hub = collective("push_merged_to_hub()")(MergedModelHubMixin.push_merged_to_hub)
-    push_to_hub = collective("push_to_hub()")(MergedModelHubMixin.push_to_hub)
+
+    # ---- model cards and the Hub: the run's `cards` (`reporting/run_cards.py`) and `hub` (`run_hub.py`) ----
+    @property
+    def card_details(self) -> CardDetails:
+        """What the cards cannot find out ([`CardDetails`]): set it before they are written (`write_merged_cards`)."""
+        return self.cards.details
+
+    @card_details.setter
+    def card_details(self, details: CardDetails) -> None:
+        self.cards.details = details
+
+    def record_merged_metrics(self, metrics: dict) -> None:  # the merged model's evaluation, into its cards
+        self.cards.record_merged_metrics(metrics)
+
+    def write_merged_cards(self, folder: str | None = None, *, repo_id: str | None = None) -> None:
+        self.cards.write_merged(folder, repo_id=repo_id)
+
+    def draw_run_plot(self) -> str | None:  # `{output_dir}/adloco_run.png`, shown in the merged cards
+        return self.cards.draw_plot()
+
+    def create_model_card(self, *args, **kwargs) -> None:  # the merged model's card, in `output_dir` too
+        self.cards.write_output_dir_card()
+
+    @collective("push_merged_to_hub()")
+    def push_merged_to_hub(
+        self,
+        repo_id: str | None = None,
+        *,
+        commit_message: str = "AdLoCo merged model",
+        token: str | None = None,
+        private: bool | None = None,
+        revision: str | None = None,
+    ):
+        """Upload `{output_dir}/merged/` (saved first if missing; with `save_merged_full`, `merged-full/` too, to the
+        repo's `merged-full/`) from global rank 0 (collective). Its card is rewritten first to load from the repo.
+
+        Raises:
+            HubUploadError: on every rank, when the upload failed after `PUSH_ATTEMPTS` tries; it names the local
+                folder that holds the model and the repo.
+        """
+        folder = os.path.join(self.args.output_dir, "merged")
+        if not os.path.isdir(folder) or not self.worker.final_merged:
+            self.save_merged_model(folder)
+        return self.hub.push_merged(
+            folder, repo_id, commit_message=commit_message, token=token, private=private, revision=revision
+        )
+
+    @collective("push_to_hub()")
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, token=None,
+                    revision=None, private=None, **kwargs):  # fmt: skip
+        """The model worth sharing is the merged one: same as `push_merged_to_hub`."""
+        return self.push_merged_to_hub(
+            commit_message=commit_message or "AdLoCo merged model", token=token, revision=revision, private=private
+        )
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """Create the repo through the same Hub client as every other upload of this trainer (`run_hub.py`)."""
+        if self.is_world_process_zero():
+            self.hub_model_id = create_run_repo(self.args, token, private)
+            self.push_in_progress = None
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """Checkpoints hold per-worker resume state and stay local; merges and the merged model go to the Hub."""

@@ -1,10 +1,16 @@
-"""`Worker`: one process's part of AdLoCo (its instance, its round), with DDP or FSDP inside a worker.
+"""`Worker`: one process's part of AdLoCo, made of parts that own their state, with DDP or FSDP inside a worker.
 
-- `core.py`: the `Worker` itself, its state and the end of training (the final merge);
+- `core.py`: the `Worker`: the Trainer's calls, composed of the parts below;
 - `settings.py`: what the worker reads of the config, once (`WorkerSettings`);
-- `start.py`: the set-up once training begins; `initialise.py`: initial weights and the largest micro-batch;
-- `steps.py`: the batch plan and the inner steps; `round_end.py`: the end of a round;
-- `resume.py`: the state a checkpoint holds, and how it is restored; `preemption.py`: stopping on SIGTERM;
+- `round_state.py`: the rounds so far, the instance table and this worker's plan (`RoundState`);
+- `inner_steps.py`: one inner step under the round's plan: chunks, statistics, tally, timings (`InnerSteps`);
+- `plan_follower.py`: the sampler and the inner optimizer follow the plan (`PlanFollower`);
+- `outer_sync.py`: the outer step and Streaming DiLoCo's fragment syncs (`OuterSync`);
+- `merging.py`: this worker's side of merges and of the final merge (`WorkerMerges`);
+- `round_end.py`: the end of a round, in order (`RoundEnd`);
+- `start.py`: the parts made (or restored) when training begins; `saved_state.py`: a checkpoint's worker state;
+- `training.py`: what the Trainer hands over (`TrainingObjects`); `initialise.py`: initial weights and the largest
+  micro-batch; `preemption.py`: stopping on SIGTERM;
 - `groups.py`: the process groups; `replica.py`: how a worker's processes hold its replica, `ddp.py` or `fsdp.py`.
 """
 

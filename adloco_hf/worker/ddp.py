@@ -28,7 +28,7 @@ class DDPReplica(ReplicaParallel):
         several = groups.processes_per_worker > 1
         initialise_weights(
             model,
-            self.settings.instance_init,
+            self.settings.start.instance_init,
             instance=instance,
             rank=groups.worker_id,
             seed=self.settings.seed,

@@ -204,7 +204,7 @@ class FSDPReplica(ReplicaParallel):
         reshard(model)
 
     def check_settings(self) -> None:
-        if self.settings.max_batch_size is None and self.settings.device.type == "cuda":  # max_batch_size="auto"
+        if self.settings.start.max_batch_size is None and self.settings.device.type == "cuda":  # max_batch_size="auto"
             raise ValueError(
                 "max_batch_size='auto' probes batches until one runs out of memory, which a sharded forward "
                 "(worker_parallelism='fsdp', collective inside the worker) cannot survive on one process alone: "
@@ -218,7 +218,7 @@ class FSDPReplica(ReplicaParallel):
         group = groups.instance(instance.workers) if len(instance.workers) > 1 else None
         shards = local_shards(list(model.state_dict().values()))
         tensors = list({t.data_ptr(): t for t in shards if t.numel()}.values())  # tied weights once
-        if settings.instance_init == "shared":
+        if settings.start.instance_init == "shared":
             broadcast_tensors(tensors, src=groups.layout.rank(0, groups.local_rank), group=groups.all_workers)
             return
         if groups.worker_id == instance.first_worker:

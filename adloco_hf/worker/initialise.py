@@ -69,11 +69,11 @@ def resolve_max_batch_size(
     settings: WorkerSettings, params: list[torch.nn.Parameter], probe_step: Callable[[int], None]
 ) -> int:
     """`max_batch_size` as given, or found by probing (`"auto"`) with room kept for state allocated later."""
-    if settings.max_batch_size is not None:
-        return settings.max_batch_size
+    if settings.start.max_batch_size is not None:
+        return settings.start.max_batch_size
     reserve = 2 * sum(p.numel() * p.element_size() for p in params)  # AdamW's moments, allocated at the first step
     if settings.outer.state_device == "device":
         reserve += 4 * sum(p.numel() for p in params)  # the outer momentum, allocated at the first outer step
     return find_max_batch_size(
-        probe_step, device=settings.device, memory_fraction=settings.memory_fraction, reserve_bytes=reserve
+        probe_step, device=settings.device, memory_fraction=settings.start.memory_fraction, reserve_bytes=reserve
     )

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from ..common.distributed import WorkerTimeoutError, stop_waiting_for_workers
 from ..common.pulse import Pulse
+from ..common.upstream import default_store
 
 
 __all__ = ["Preemption", "TrainingPreempted"]
@@ -56,6 +57,17 @@ class TrainingPreempted(RuntimeError):
     def __init__(self, message: str, checkpoint: str | None):
         super().__init__(message)
         self.checkpoint = checkpoint
+
+    @classmethod
+    def saved(cls, checkpoint: str, step: int, signal_name: str | None) -> "TrainingPreempted":
+        """The error of a run that stopped at `step` and saved `checkpoint` inside a round."""
+        return cls(
+            f"training was preempted ({signal_name or 'a signal to another worker'}) and stopped at step {step}: "
+            f"every worker saved its state in {checkpoint}. Resume with train(resume_from_checkpoint={checkpoint!r}) "
+            "(or True) and the same number of processes (it was written inside a round: another number of workers "
+            "can resume only from a round's end).",
+            checkpoint,
+        )
 
 
 class Preemption:
@@ -86,10 +98,8 @@ class Preemption:
             return
         stop_waiting_for_workers(False)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            try:  # the rendezvous store (torchrun's / accelerate's), as WorkerMonitor uses it
-                self._store = dist.distributed_c10d._get_default_store()
-            except Exception:  # pragma: no cover - no default store: only round-end stops are possible
-                self._store = None
+            # The rendezvous store, as WorkerMonitor uses it; without one only round-end stops are possible.
+            self._store = default_store()
         if self._store is not None:
             self._pulse = Pulse(self._store, dist.get_rank()).start()
         for signum in (signal.SIGTERM, signal.SIGINT):

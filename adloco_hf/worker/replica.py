@@ -10,6 +10,7 @@ from `worker_parallelism` when the `Worker` is made:
   the same shard of the other workers, and a model is written after gathering the full tensors inside the worker.
 """
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -74,6 +75,13 @@ class ReplicaParallel:
     keeps_local_gradients: bool = False
     """Whether a statistics step keeps each process's own gradient until `sync_gradients` (see
     `Worker.local_gradient_step`)."""
+
+    def no_sync(self, model: torch.nn.Module):
+        """A context in which the backward of `model` leaves its gradient local to this process: DDP's `no_sync`
+        for a worker of several processes, nothing to turn off for a bare model."""
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
 
     def sync_gradients(self, params: list[torch.nn.Parameter]) -> None:
         """The worker's mean gradient from its processes' own, after a step that kept them local."""

@@ -1,6 +1,6 @@
 """`WorkerSettings`: what a worker reads of the run's settings, read from `AdLoCoConfig` once, when it is made.
 
-The worker and its parts (`start.py`, `steps.py`, `round_end.py`, `resume.py`, the replicas) read these typed
+The worker and its parts (`inner_steps.py`, `round_end.py`, `outer_sync.py`, the replicas, ...) read these typed
 values, never the config: a setting has one place where it is read (`from_args`) and cannot change during a run.
 The round's decision reads its own, [`RoundRules`] (`rounds/rules.py`), built once the largest micro-batch and the
 data shard are known; the outer step reads [`OuterSettings`] (`outer/settings.py`), held here.
@@ -10,10 +10,39 @@ from dataclasses import dataclass
 
 import torch
 
+from ..instances.merge_settings import MergeSettings
 from ..outer.settings import OuterSettings
 
 
-__all__ = ["StepSettings", "WorkerSettings"]
+__all__ = ["StartSettings", "StepSettings", "WorkerSettings"]
+
+
+@dataclass(frozen=True)
+class StartSettings:
+    """How training starts: the instances, their first weights and requests, the first round, the largest
+    micro-batch."""
+
+    num_instances: int
+    instance_init: str  # "shared" or "independent" initial weights
+    initial_batch_size: int  # a process's first batch (per_device_train_batch_size); the lr scaling's reference
+    inner_steps: int  # H of the first round (inner_steps_rule="outer_noise" grows it)
+    batch_size_cap: int | None  # the configured cap of a request, as the start banner names it
+    # the largest micro-batch: an integer, or None for "auto" (probed when training starts)
+    max_batch_size: int | None
+    memory_fraction: float  # of free GPU memory, for "auto"
+
+    @classmethod
+    def from_args(cls, args) -> "StartSettings":
+        """From an `AdLoCoConfig`."""
+        return cls(
+            num_instances=args.num_instances,
+            instance_init=args.instance_init,
+            initial_batch_size=args.per_device_train_batch_size,
+            inner_steps=args.inner_steps,
+            batch_size_cap=args.batch_size_cap,
+            max_batch_size=None if args.max_batch_size == "auto" else int(args.max_batch_size),
+            memory_fraction=args.memory_fraction,
+        )
 
 
 @dataclass(frozen=True)
@@ -41,8 +70,8 @@ class StepSettings:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """A worker's settings: its processes and their failures, how training starts, the largest micro-batch, merges,
-    the inner steps' (`steps`) and the outer step's (`outer`).
+    """A worker's settings: its processes and their failures, the run's, how training starts (`start`), the inner
+    steps' (`steps`), the outer step's (`outer`) and the merges' (`merges`).
 
     Built by [`WorkerSettings.from_args`] in `Worker.__init__`, once per run; the Trainer's own settings that the
     worker needs (`output_dir`, `seed`, the device) are read there too.
@@ -57,21 +86,10 @@ class WorkerSettings:
     output_dir: str
     seed: int
     device: torch.device
-    # how training starts
-    num_instances: int
-    instance_init: str  # "shared" or "independent" initial weights
-    initial_batch_size: int  # a process's first batch (per_device_train_batch_size); the lr scaling's reference
-    inner_steps: int  # H of the first round (inner_steps_rule="outer_noise" grows it)
-    batch_size_cap: int | None  # the configured cap of a request, as the start banner names it
-    # the largest micro-batch: an integer, or None for "auto" (probed when training starts)
-    max_batch_size: int | None
-    memory_fraction: float  # of free GPU memory, for "auto"
-    # merges
-    save_merges: bool
-    merge_transport: str
-    merge_payload: str  # "float32" or "compact" (`instances/payload.py`)
+    start: StartSettings
     steps: StepSettings
     outer: OuterSettings
+    merges: MergeSettings
 
     @property
     def sharded(self) -> bool:
@@ -89,16 +107,14 @@ class WorkerSettings:
             output_dir=args.output_dir,
             seed=args.seed,
             device=args.device,
-            num_instances=args.num_instances,
-            instance_init=args.instance_init,
-            initial_batch_size=args.per_device_train_batch_size,
-            inner_steps=args.inner_steps,
-            batch_size_cap=args.batch_size_cap,
-            max_batch_size=None if args.max_batch_size == "auto" else int(args.max_batch_size),
-            memory_fraction=args.memory_fraction,
-            save_merges=args.save_merges,
-            merge_transport=args.merge_transport,
-            merge_payload=args.merge_payload,
+            start=StartSettings.from_args(args),
             steps=StepSettings.from_args(args),
-            outer=OuterSettings.from_args(args),
+            outer=(outer := OuterSettings.from_args(args)),
+            merges=MergeSettings(
+                transport=args.merge_transport,
+                payload=args.merge_payload,
+                block_size=outer.compression_block_size,
+                save=args.save_merges,
+                with_momentum=outer.with_momentum,
+            ),
         )

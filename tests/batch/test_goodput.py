@@ -7,12 +7,12 @@ import random
 import pytest
 
 from adloco_hf.batch.goodput import GoodputModel, choose_request
-from adloco_hf.batch.switch_mode import plan_batch, split_sizes
+from adloco_hf.batch.switch_mode import SwitchMode, plan_batch, split_sizes
 from adloco_hf.batch.throughput import MAX_PASS_SIZES, RoundTiming, StepTimeModel, ThroughputProfile, fit_pass_seconds
 
 
 def model(times=(0.01, 0.02, 0.005, 1.0), *, noise=32.0, h=10, workers=2, g=1, m=8, gamma=2.0, ref=4):
-    return GoodputModel(StepTimeModel(*times), noise, h, workers, g, m, gamma, ref)
+    return GoodputModel(StepTimeModel(*times), noise, h, workers, g, SwitchMode(m, gamma), ref)
 
 
 def brute_force(gm: GoodputModel, low: int, high: int) -> int:
@@ -80,8 +80,7 @@ def test_the_maximisation_equals_trying_every_request(seed):
         inner_steps=rng.choice([1, 5, 25, 200]),
         workers=rng.randint(1, 8),
         processes=g,
-        max_batch_size=rng.randint(1, 24),
-        switch_threshold=rng.choice([1.0, 1.5, 2.0, 3.7]),
+        switch=SwitchMode(rng.randint(1, 24), rng.choice([1.0, 1.5, 2.0, 3.7])),
         reference=g * rng.randint(1, 8),
     )
     low = g * rng.randint(1, 6)

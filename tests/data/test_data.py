@@ -249,7 +249,9 @@ def test_pack_is_exact_across_map_batches_and_processes(num_proc):
     tokenized = datasets.Dataset.from_dict({"input_ids": rows, "num_tokens": [len(r) for r in rows]})
     stream = [t for r in rows for t in r]
     for block_size in (1, 7, 50):
-        packed = data._pack(tokenized, block_size, num_proc=num_proc, fingerprint=f"pack{block_size}", batch_size=3)
+        packed = data.packing._pack(
+            tokenized, block_size, num_proc=num_proc, fingerprint=f"pack{block_size}", batch_size=3
+        )
         num_blocks = len(stream) // block_size
         assert packed["input_ids"] == [stream[k * block_size : (k + 1) * block_size] for k in range(num_blocks)]
 

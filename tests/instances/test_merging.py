@@ -16,7 +16,14 @@ from distributed_helpers import GROUP_TIMEOUT_S, run_workers
 
 from adloco_hf.common.distributed import ProcessGroupCache, WorkerMonitor
 from adloco_hf.common.layout import WorkerLayout
-from adloco_hf.instances.merges import all_reduce_merge, execute_merge, final_merge, merge_at_round_end
+from adloco_hf.instances.merges import (
+    MergePlace,
+    MergeSettings,
+    all_reduce_merge,
+    execute_merge,
+    final_merge,
+    merge_at_round_end,
+)
 from adloco_hf.instances.payload import CompactPayload, Float32Payload
 from adloco_hf.instances.table import Instance, final_merge_weights, instance_of, plan_merge
 from adloco_hf.instances.transfers import Broadcast, HandOff, plan_collectives, plan_transfers
@@ -181,8 +188,8 @@ def merging_worker(rank: int, world_size: int) -> dict:
             plan = plan_merge(instances, policy="smallest_pair", num_workers=world_size)
             _, gm, inner = _worker_state(rank, instances, case, momentum=momentum, fresh=fresh)
             result, changed = merge_at_round_end(
-                plan, f"merge {case}", rank=rank, global_model=gm, inner_optimizer=inner, with_momentum=momentum,
-                save=True, monitor=monitor, hint="", transport=transport, groups=groups,
+                plan, f"merge {case}", place=MergePlace(rank, groups=groups), global_model=gm, inner_optimizer=inner,
+                settings=MergeSettings(transport, with_momentum=momentum), monitor=monitor, hint="",
             )  # fmt: skip
             record = {"bytes": result.bytes, "phi": result.phi, "changed_instance": changed}
             out[f"round_end/{transport}/{case}"] = record

@@ -269,6 +269,7 @@ def test_measured_ratios_skip_failed_methods():
 
 def test_the_goodput_replay_chooses_with_the_librarys_rule_on_the_scenarios_costs():
     from adloco_hf.batch.goodput import GoodputModel, choose_request
+    from adloco_hf.batch.switch_mode import SwitchMode
     from recipes.benchmarks.wallclock.goodput import GoodputAssumptions, goodput_lines, step_time_model
 
     # A pass costs 0.02 s plus 0.03 s a sequence.
@@ -285,7 +286,7 @@ def test_the_goodput_replay_chooses_with_the_librarys_rule_on_the_scenarios_cost
     lines, summary = goodput_lines(times, assumptions, **common)
     # Every round's choice is the rule's, from the request the round ran.
     for line in lines:
-        model = GoodputModel(times, line["noise_scale"], 50, 8, 1, 16, 2.0, 8)
+        model = GoodputModel(times, line["noise_scale"], 50, 8, 1, SwitchMode(16, 2.0), 8)
         choice = choose_request(model, current=line["batch_size"], low=8, high=64, hysteresis=0.05)
         assert line["next_batch_size"] == choice.request
     assert summary["max_batch"] > 8 and summary["weighted_tokens"] >= 2e8

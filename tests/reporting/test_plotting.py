@@ -164,9 +164,11 @@ def test_summary_matches_the_lines(run_dir):
         {"outer_step": 2, "survivor": 0, "merged_from": [2]},
         {"outer_step": 4, "survivor": 0, "merged_from": [1]},
     ]
-    # Start: the first requests; end: the request after each instance's last round.
+    # Start and end: the batches that ran in each instance's first and last round (what switch mode ran: here the
+    # requests); next: the request planned after the last round, for the instance that was not merged away.
     assert summary["batch_size_start"] == {0: 4, 1: 2, 2: 1}
-    assert summary["batch_size_end"] == {0: 2 * 4 * 2**5, 1: 2 * 2 * 2**3, 2: 2 * 1 * 2}
+    assert summary["batch_size_end"] == {0: 4 * 2**5, 1: 2 * 2**3, 2: 1 * 2}
+    assert summary["batch_size_next"] == {0: 2 * 4 * 2**5}
     assert summary["total_tokens"] == sum(r["tokens"] for r in rounds)
     assert summary["total_samples"] == sum(r["samples"] for r in rounds)
     assert summary["comm_bytes"] == sum(r["comm_bytes"] for r in rounds)
@@ -223,7 +225,8 @@ def test_format_summary(run_dir):
     lines = text.splitlines()
     assert lines[0] == f"AdLoCo run: {out}"
     assert "3 -> 1 (2 merged away)" in text
-    assert "instance 2: 1 -> 4  (merged into 0 at round 2)" in text
+    assert "instance 2: 1 -> 2  (merged into 0 at round 2)" in text
+    assert "instance 0: 4 -> 128 (next round's request: 256)" in text
     assert "final 14.88 (merged model)" in text
     assert "skipped rounds" in text
     # Every value starts in the same column.

@@ -8,6 +8,7 @@ from helpers import round_rules
 
 from adloco_hf.batch.goodput import GoodputModel, choose_request
 from adloco_hf.batch.size_tests import GradientStatistics
+from adloco_hf.batch.switch_mode import SwitchMode
 from adloco_hf.batch.throughput import RoundTiming, ThroughputProfile
 from adloco_hf.instances.table import Instance
 from adloco_hf.rounds.decision import decide_round
@@ -69,7 +70,7 @@ def test_the_decision_is_the_pure_rule_on_the_gathered_timings_and_the_noise_sca
     scale = after.noise.noise_scale
     assert scale == pytest.approx(16.0) and line.noise_scale == scale
     expected = choose_request(
-        GoodputModel(times, scale, 10, 2, 1, 16, 2.0, 4), current=4, low=4, high=64, hysteresis=0.05
+        GoodputModel(times, scale, 10, 2, 1, SwitchMode(16, 2.0), 4), current=4, low=4, high=64, hysteresis=0.05
     )
     assert line.next_batch_size == after.batch_size == expected.request
     assert (line.goodput, line.goodput_kept) == (expected.goodput, expected.kept)
@@ -125,7 +126,7 @@ def test_with_processes_per_worker_the_request_is_a_multiple_of_g_and_each_proce
     scale = after.noise.noise_scale
     assert scale == pytest.approx(8.0)
     expected = choose_request(
-        GoodputModel(times, scale, 10, 1, 2, 8, 2.0, 4), current=4, low=4, high=64, hysteresis=0.05
+        GoodputModel(times, scale, 10, 1, 2, SwitchMode(8, 2.0), 4), current=4, low=4, high=64, hysteresis=0.05
     )
     assert line.next_batch_size == expected.request and expected.request % 2 == 0 and expected.request != 4
 

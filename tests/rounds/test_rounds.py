@@ -182,7 +182,9 @@ def test_logs_message_summary_and_merge_record():
     assert logs["adloco/num_instances"] == 1 and logs["adloco/round"] == 1
     assert logs["adloco/instance_0/train_loss"] == pytest.approx(3.0)
     message = round_message(lines, 1, decision.merge)
-    assert message.startswith("round 1 (step 10) | instances 1 | batch i0=4→4, i1=2→2 | loss 2.0000")
+    # Instance 1 merged away at the round's end: no next request is shown for it.
+    assert message.startswith("round 1 (step 10) | instances 1 | batch i0=4→4, i1=2→merged | loss 2.0000")
+    assert lines[1].merged_into == 0 and lines[0].merged_from == [1]
     assert "merged 1→0 (weights 0.67/0.33)" in message
     record = merge_record(decision.merge, 1)
     assert record["instances"] == [0, 1] and sum(record["weights"]) == pytest.approx(1.0)
@@ -375,3 +377,37 @@ def test_h_stops_at_max_inner_steps_and_instances_weigh_by_workers():
         decide_round(table, reports, outer_step=1, global_step=20, rules=strict, inner_steps=20).next_inner_steps == 20
     )
     assert next_round_inner_steps([], 20, r) == 20
+
+
+def test_after_a_merge_the_lines_and_the_plans_say_the_requests_the_next_round_runs():
+    """`merge_batch_rule="preserve_total"` re-spreads each instance's total batch over the workers it has after the
+    merge: the round's lines name the request the next round runs (`next_batch_size`) apart from the one the
+    batch-size test asked for (`asked_batch_size`), and every worker's plan is that request, as switch mode runs it."""
+    table = [Instance(0, (0, 1), 4), Instance(1, (2,), 2), Instance(2, (3,), 2)]  # demands 8, 2, 2
+    reports = [report(i, loss=2.0) for i in (0, 0, 1, 2)]
+    decision = decide_round(
+        table,
+        reports,
+        outer_step=1,
+        global_step=10,
+        rules=rules(merge_every=1, merge_batch_rule="preserve_total", batch_size_test="none", max_batch_size=4),
+    )
+    after = {inst.id: inst for inst in decision.instances}
+    assert decision.merge is not None and decision.merge.merged in (1, 2)
+    for line in decision.lines.values():
+        if line.merged_into is not None:
+            assert line.instance == decision.merge.merged and "asked_batch_size" not in line.to_json()
+            continue
+        assert line.next_batch_size == after[line.instance].batch_size
+        if line.next_batch_size != line.batch_size:  # the merge moved it: what was asked is kept, named apart
+            assert line.asked_batch_size == line.batch_size
+    moved = [line for line in decision.lines.values() if line.asked_batch_size is not None]
+    assert moved, "the merge re-spread some instance's total over another number of workers"
+    assert sorted(decision.plans) == [0, 1, 2, 3]
+    for worker, plan in decision.plans.items():
+        inst = next(i for i in decision.instances if worker in i.workers)
+        assert plan.instance == inst.id and plan.request == inst.batch_size
+        assert plan.process.batch_size == min(inst.batch_size, 4) or plan.process.accumulates
+    message = round_message([decision.lines[i] for i in sorted(decision.lines)], 2, decision.merge)
+    for line in moved:
+        assert f"i{line.instance}={line.batch_size}→{line.next_batch_size}" in message

@@ -247,14 +247,16 @@ def spy_on_merges(probe_dir: str, rank: int) -> None:
     original = merging.merge_at_round_end  # the worker's one way into a merge, whatever its transport
     counter = [0]
 
-    def spy(plan, where, *, rank, global_model, **kwargs):
+    def spy(plan, where, *, place, global_model, **kwargs):
         step = counter[0]
         counter[0] += 1
-        if kwargs.get("local_rank", 0) != 0:  # a worker of several processes: its local rank 0 speaks for it
-            return original(plan, where, rank=rank, global_model=global_model, **kwargs)
-        path = os.path.join(probe_dir, f"premerge-rank{rank}-{step}-i{plan.survivor}-{plan.merged}.safetensors")
-        safetensors.torch.save_file({"phi": global_model.phi.detach().cpu().contiguous()}, path)
-        return original(plan, where, rank=rank, global_model=global_model, **kwargs)
+        if place.local_rank != 0:  # a worker of several processes: its local rank 0 speaks for it
+            return original(plan, where, place=place, global_model=global_model, **kwargs)
+        path = f"premerge-rank{place.worker}-{step}-i{plan.survivor}-{plan.merged}.safetensors"
+        safetensors.torch.save_file(
+            {"phi": global_model.phi.detach().cpu().contiguous()}, os.path.join(probe_dir, path)
+        )
+        return original(plan, where, place=place, global_model=global_model, **kwargs)
 
     merging.merge_at_round_end = spy
 
@@ -358,8 +360,9 @@ class ResumeProbe(TrainerCallback):
             tensors["momentum"] = engine.global_model.momentum.detach().cpu().contiguous()
         for key in ("exp_avg", "exp_avg_sq"):
             tensors[key] = torch.cat([moments[i][key].reshape(-1) for i in sorted(moments)]).contiguous()
-        if engine._rng_to_restore is not None:  # the generators the first inner step will draw from
-            tensors["rng_cpu"] = engine._rng_to_restore["cpu"].contiguous()
+        rng = engine.parts.steps.rng_to_restore  # the generators the first inner step will draw from
+        if rng is not None:
+            tensors["rng_cpu"] = rng["cpu"].contiguous()
         safetensors.torch.save_file(tensors, self.path)
 
 

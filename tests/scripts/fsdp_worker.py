@@ -59,14 +59,14 @@ def spy_on_merges(trainer, probe_dir: str) -> None:
     shards, collective over the worker's processes) for the merge-equals-weighted-average check."""
     original, counter = merging.merge_at_round_end, [0]
 
-    def spy(plan, where, *, rank, global_model, **kwargs):
+    def spy(plan, where, *, place, global_model, **kwargs):
         worker = trainer.worker
         full = torch.cat([v.reshape(-1).float() for v in worker.full_values(global_model.phi.detach())])
         if worker.local_rank == 0:
             name = f"premerge-worker{worker.worker_id}-{counter[0]}-i{plan.survivor}-{plan.merged}.safetensors"
             safetensors.torch.save_file({"phi": full.contiguous()}, os.path.join(probe_dir, name))
         counter[0] += 1
-        return original(plan, where, rank=rank, global_model=global_model, **kwargs)
+        return original(plan, where, place=place, global_model=global_model, **kwargs)
 
     merging.merge_at_round_end = spy
 

@@ -86,14 +86,14 @@ def arm_kills(trainer, kills: list, rank: int, probe_dir: str, hold_for_signal: 
 
         trainer.add_callback(KillBeforeStep())
     if "round_end" in mine:
-        end_round = RoundEnd.end_round
+        end_round = RoundEnd.run
 
         def dying_end_round(self, global_step):
             if global_step == mine["round_end"]:
                 _die()
             return end_round(self, global_step)
 
-        RoundEnd.end_round = dying_end_round
+        RoundEnd.run = dying_end_round
     if "save" in mine:
         save = staged_save.save_rank_state
 

@@ -7,12 +7,12 @@ import os
 import pytest
 import torch
 from helpers import CONTRACT_ROUND_KEYS as ROUND_KEYS
-from helpers import TINY_TRAINING, flat_params, sequence_dataset, tiny_model, tiny_run_config
+from helpers import TINY_TRAINING, flat_params, sequence_dataset, start_worker, tiny_model, tiny_run_config
 from torch import nn
 from transformers import Trainer, TrainingArguments, default_data_collator
 
 from adloco_hf import AdLoCoTrainer
-from adloco_hf.batch.switch_mode import Statistics, StepPlan, plan_batch
+from adloco_hf.batch.switch_mode import plan_batch
 from adloco_hf.sampling.sampler import AdaptiveBatchSampler
 
 
@@ -100,10 +100,17 @@ def test_accumulated_micro_batches_give_the_whole_batch_gradient(tmp_path, model
     reference(**inputs)["loss"].backward()
     expected = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
 
-    args = config(tmp_path, max_batch_size=max_batch, switch_threshold=1.0, batch_size_test="none")
+    args = config(
+        tmp_path,
+        per_device_train_batch_size=batch,
+        max_batch_size=max_batch,
+        switch_threshold=1.0,
+        batch_size_test="none",
+    )
     trainer = AdLoCoTrainer(model=model_factory(), args=args, train_dataset=data)
-    trainer.worker.plan = plan_batch(batch, max_batch, 1.0)
-    assert trainer.worker.plan.accumulation_steps > 1
+    start_worker(trainer)
+    assert trainer.worker.plan.process == plan_batch(batch, max_batch, 1.0)  # the plan the worker made accumulates
+    assert trainer.worker.plan.process.accumulation_steps > 1
     calls = []
     original = Trainer.training_step
 
@@ -118,7 +125,7 @@ def test_accumulated_micro_batches_give_the_whole_batch_gradient(tmp_path, model
     finally:
         Trainer.training_step = original
     got = torch.cat([p.grad.reshape(-1) for p in trainer.model.parameters()])
-    assert sum(calls) == batch and len(calls) == trainer.worker.plan.accumulation_steps
+    assert sum(calls) == batch and len(calls) == trainer.worker.plan.process.accumulation_steps
     assert max(calls) <= max_batch
     assert torch.allclose(got, expected, atol=1e-6, rtol=1e-4)
     assert loss.item() == pytest.approx(reference(**inputs)["loss"].item(), rel=1e-5)
@@ -130,20 +137,27 @@ def test_statistics_step_splits_the_batch_without_changing_the_gradient(tmp_path
     reference = tiny_model()
     reference(**inputs).loss.backward()
     expected = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
-    args = config(tmp_path, max_steps=1, inner_steps=1, batch_size_test="norm")
+    args = config(
+        tmp_path, max_steps=1, inner_steps=1, per_device_train_batch_size=8, max_batch_size=8, batch_size_test="norm"
+    )
     trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=data)
-    trainer.state.max_steps = 1
-    engine = trainer.worker
-    engine.max_steps = 1
-    engine.plan = plan_batch(8, 8)
-    from adloco_hf.batch.grad_stats import GradientStatisticsCollector
+    start_worker(trainer)
+    chunks = []
+    original = Trainer.training_step
 
-    engine.collector = GradientStatisticsCollector(trainer.model.parameters())
-    assert engine.plan_step(0, 8) == StepPlan((4, 4), Statistics.SPLIT, remember_gradient=False)
-    trainer.training_step(trainer.model, inputs, trainer._get_num_items_in_batch([inputs], trainer.args.device))
+    def recording(self, model, chunk, num_items=None):
+        chunks.append(len(chunk["input_ids"]))
+        return original(self, model, chunk, num_items)
+
+    Trainer.training_step = recording
+    try:  # the round's last step measures the statistics on two halves of its batch
+        trainer.training_step(trainer.model, inputs, trainer._get_num_items_in_batch([inputs], trainer.args.device))
+    finally:
+        Trainer.training_step = original
+    assert chunks == [4, 4]
     got = torch.cat([p.grad.reshape(-1) for p in trainer.model.parameters()])
     assert torch.allclose(got, expected, atol=1e-6, rtol=1e-4)
-    stats = engine.round_statistics
+    stats = trainer.worker.parts.steps.round_statistics
     assert stats is not None and stats.dof == 1 and stats.samples == pytest.approx(8)
     assert stats.grad_sq_norm == pytest.approx(float(expected.double() @ expected.double()), rel=1e-4)
 
@@ -217,7 +231,7 @@ def test_one_sample_batches_measure_noise_with_the_previous_step(tmp_path):
     assert first["stats_dof"] == 1 and first["grad_variance"] is not None and first["grad_variance"] > 0
     assert first["next_batch_size"] > 1  # the noise measured from two one-sample steps grew the batch
     assert lines[1]["stats_dof"] >= 1  # from then on the batch itself is split
-    assert not trainer.worker.collector.has_previous  # the kept gradient was released
+    assert not trainer.worker.parts.steps.collector.has_previous  # the kept gradient was released
 
 
 @pytest.mark.parametrize("test", ["inner_product", "augmented_inner_product"])

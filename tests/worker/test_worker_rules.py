@@ -1,13 +1,12 @@
 """`Worker.rules` is built once and rebuilt only when one of its inputs changes; the replica is chosen once."""
 
-from types import SimpleNamespace
-
 from adloco_hf import AdLoCoConfig, Worker
+from adloco_hf.rounds.rules import RoundRulesCache
 from adloco_hf.worker.ddp import DDPReplica
 
 
-def worker(tmp_path, **kwargs) -> Worker:
-    args = AdLoCoConfig(
+def config(tmp_path, **kwargs) -> AdLoCoConfig:
+    return AdLoCoConfig(
         output_dir=str(tmp_path / "out"),
         max_steps=12,
         inner_steps=6,
@@ -18,22 +17,23 @@ def worker(tmp_path, **kwargs) -> Worker:
         save_strategy="no",
         **kwargs,
     )
-    return Worker(args)
+
+
+def worker(tmp_path, **kwargs) -> Worker:
+    return Worker.from_args(config(tmp_path, **kwargs))
 
 
 def test_the_rules_are_built_once_and_again_only_when_an_input_changes(tmp_path):
-    w = worker(tmp_path)
-    w.max_batch_size, w._sampler = 8, SimpleNamespace(shard_size=100)
-    rules = w.rules
-    assert rules.max_batch_size == 8 and rules.controller.cap == 100
-    assert w.rules is rules  # the same object on every read
-    w._sampler.shard_size = 30  # a re-sharded sampler (another number of workers)
-    assert w.rules is not rules and w.rules.controller.cap == 30
-    rules = w.rules
-    w.max_batch_size = 16  # restored from a checkpoint
-    assert w.rules is not rules and w.rules.max_batch_size == 16
-    w._sampler = SimpleNamespace(shard_size=None)  # a stream has no shard: only batch_size_cap caps a request
-    assert w.rules.controller.cap is None
+    cache = RoundRulesCache(config(tmp_path))
+    rules = cache.get(max_batch_size=8, shard_size=100)
+    assert rules.switch.max_batch_size == 8 and rules.controller.cap == 100
+    assert cache.get(max_batch_size=8, shard_size=100) is rules  # the same object on every read
+    resharded = cache.get(max_batch_size=8, shard_size=30)  # a re-sharded sampler (another number of workers)
+    assert resharded is not rules and resharded.controller.cap == 30
+    restored = cache.get(max_batch_size=16, shard_size=30)  # restored from a checkpoint
+    assert restored is not resharded and restored.switch.max_batch_size == 16
+    # A stream has no shard: only batch_size_cap caps a request.
+    assert cache.get(max_batch_size=16, shard_size=None).controller.cap is None
 
 
 def test_one_process_per_worker_is_a_whole_replica(tmp_path):

@@ -12,14 +12,15 @@ from helpers import sequence_dataset, tiny_model, tiny_run_config
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.config.fields import GROUPS
 from adloco_hf.evaluation.view import EvaluationSettings
+from adloco_hf.instances.merges import MergeSettings
 from adloco_hf.outer.settings import OuterSettings
 from adloco_hf.rounds.rules import RoundRules
-from adloco_hf.worker.settings import StepSettings, WorkerSettings
+from adloco_hf.worker.settings import StartSettings, StepSettings, WorkerSettings
 
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "adloco_hf"
 # The parts that read their settings through typed values; their `from_args` builders are the only readers.
-SCANNED = ("worker", "outer", "evaluation", "trainer")
+SCANNED = ("worker", "outer", "rounds", "evaluation", "trainer")
 ADLOCO_FIELDS = frozenset(f.name for group in GROUPS for f in dataclasses.fields(group))
 CONFIG_NAMES = ("args", "config")  # what the code calls an AdLoCoConfig: `args`, `self.args`, `trainer.args`, ...
 
@@ -91,11 +92,13 @@ def test_the_settings_are_built_in_one_place_each():
         for path in sorted((PACKAGE / folder).rglob("*.py")):
             calls |= builders_called(path)
     assert calls == {
-        ("worker/core.py", "__init__", "WorkerSettings"),  # Worker(args), once per run
-        ("worker/settings.py", "from_args", "StepSettings"),  # ... holding the inner steps' settings
+        ("worker/core.py", "from_args", "WorkerSettings"),  # Worker.from_args(args), once per run
+        ("worker/settings.py", "from_args", "StartSettings"),  # ... holding how training starts
+        ("worker/settings.py", "from_args", "StepSettings"),  # ... the inner steps' settings
         ("worker/settings.py", "from_args", "OuterSettings"),  # ... and the outer step's
-        ("worker/core.py", "_update_rules", "RoundRules"),  # again only when the micro-batch limit or shard changes
+        ("rounds/rules.py", "get", "RoundRules"),  # again only when the micro-batch limit or shard changes
         ("trainer/trainer.py", "__init__", "EvaluationSettings"),  # AdLoCoTrainer(...), once per run
+        ("trainer/trainer.py", "__init__", "Worker"),  # ... and its worker
     }
 
 
@@ -145,16 +148,15 @@ def test_the_settings_hold_the_configs_values(tmp_path):
         output_dir=str(tmp_path),
         seed=11,
         device=torch.device("cpu"),
-        num_instances=3,
-        instance_init="independent",
-        initial_batch_size=6,
-        inner_steps=4,
-        batch_size_cap=60,
-        max_batch_size=7,
-        memory_fraction=0.55,
-        save_merges=False,
-        merge_transport="point_to_point",
-        merge_payload="compact",
+        start=StartSettings(
+            num_instances=3,
+            instance_init="independent",
+            initial_batch_size=6,
+            inner_steps=4,
+            batch_size_cap=60,
+            max_batch_size=7,
+            memory_fraction=0.55,
+        ),
         steps=StepSettings(
             batch_size_test="augmented_inner_product",
             noise_preconditioner="adam",
@@ -176,12 +178,15 @@ def test_the_settings_hold_the_configs_values(tmp_path):
             fragment_sync_delay=0,
             fragment_update_alpha=0.0,
         ),
+        merges=MergeSettings(
+            transport="point_to_point", payload="compact", block_size=64, save=False, with_momentum=True
+        ),
     )
     assert not settings.sharded and settings.outer.with_momentum
     assert settings.outer.fragments is None and settings.outer.background  # overlap: groups of its own
     assert EvaluationSettings.from_args(args).eval_merged_model is True
     auto = AdLoCoConfig(output_dir=str(tmp_path), max_steps=8, inner_steps=4, max_batch_size="auto", use_cpu=True)
-    assert WorkerSettings.from_args(auto).max_batch_size is None  # probed when training starts
+    assert WorkerSettings.from_args(auto).start.max_batch_size is None  # probed when training starts
 
 
 def test_streaming_diloco_settings_are_read_into_the_outer_settings(tmp_path):
@@ -217,7 +222,7 @@ def test_each_settings_object_is_built_once_per_run(tmp_path, monkeypatch):
 
         monkeypatch.setattr(cls, "from_args", classmethod(from_args))
 
-    for cls in (WorkerSettings, StepSettings, OuterSettings, EvaluationSettings, RoundRules):
+    for cls in (WorkerSettings, StartSettings, StepSettings, OuterSettings, EvaluationSettings, RoundRules):
         counted(cls)
     args = tiny_run_config(tmp_path, inner_steps=3, eval_strategy="steps", eval_steps=6, outer_lr=0.6)
     data = sequence_dataset(128)
@@ -228,6 +233,7 @@ def test_each_settings_object_is_built_once_per_run(tmp_path, monkeypatch):
     trainer.evaluate()
     assert {name: len(values) for name, values in built.items()} == {
         "WorkerSettings": 1,
+        "StartSettings": 1,
         "StepSettings": 1,
         "OuterSettings": 1,
         "EvaluationSettings": 1,

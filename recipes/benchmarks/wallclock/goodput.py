@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from adloco_hf.batch.goodput import GoodputModel, choose_request
-from adloco_hf.batch.switch_mode import plan_batch
+from adloco_hf.batch.switch_mode import SwitchMode, plan_batch
 from adloco_hf.batch.throughput import StepTimeModel, fit_pass_seconds
 from recipes.benchmarks.wallclock.link_model import (
     OUTER_BUCKET_NUMEL,
@@ -81,7 +81,7 @@ def goodput_lines(
         noise = assumptions.noise_scale(weighted / target_tokens, sequence_length)
         plan = plan_batch(request, micro_batch, 2.0)
         tokens = plan.batch_size * workers * inner_steps * sequence_length
-        model = GoodputModel(times, noise, inner_steps, workers, 1, micro_batch, 2.0, batch)
+        model = GoodputModel(times, noise, inner_steps, workers, 1, SwitchMode(micro_batch, 2.0), batch)
         choice = choose_request(model, current=request, low=batch, high=cap, hysteresis=assumptions.hysteresis)
         lines.append(
             {

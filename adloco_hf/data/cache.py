@@ -10,17 +10,17 @@ import torch.distributed as dist
 
 
 # Bump when the corpus, tokenizer or packing recipe changes: it is in every fingerprint, so old caches are ignored.
-_FORMAT_VERSION = 1
+FORMAT_VERSION = 1
 # Documents per batch of `datasets.map` (tokenisation, packing) and of tokenizer training.
-_MAP_BATCH_SIZE = 1000
+MAP_BATCH_SIZE = 1000
 
 
-def _hash(obj: Any) -> str:
+def content_hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:16]
 
 
 @contextlib.contextmanager
-def _main_process_first() -> Iterator[None]:
+def main_process_first() -> Iterator[None]:
     """Under `torch.distributed`, global rank 0 runs the block first and the other ranks after it, finding its cache.
 
     This is accelerate's `PartialState().main_process_first()` on the default process group. We call the barrier

@@ -1,0 +1,71 @@
+"""`Clock`: the seconds a worker's timings read, and the hook that lets a benchmark price them instead.
+
+A worker times three things (`worker/inner_steps.py`, `worker/round_end.py`): an inner step's forward/backward
+passes, the rest of that step (clipping, the optimizer step, the scheduler, zeroing the gradients) and the round's
+outer step. The timings feed the goodput rule's throughput model (`batch_size_target="goodput"`,
+`batch/throughput.py`) and each worker's speed (`worker_batch_split="speed"`). Between the two readings of `now()`
+that time each of them, the worker announces the work: `passes(chunk_sizes)`, `step_rest()`, `outer_step(...)`.
+
+This clock reads `time.perf_counter()` and ignores the announcements; with `synchronize` (CUDA and the goodput
+rule) it waits for the kernels queued so far first, since the host runs ahead of the device and a pass would
+otherwise be charged to whichever later call waits for it. A subclass that advances its own time in the
+announcements is a *virtual clock*: every decision that reads timings then follows the prices it sets (a device
+profile, a link model) instead of the machine the run happens to use, and a run is deterministic for its seed.
+Install one before training with `trainer.worker.clock = MyClock()`.
+
+Example:
+```python
+class FixedPrices(Clock):
+    def __init__(self):
+        super().__init__()
+        self.seconds = 0.0
+
+    def now(self):
+        return self.seconds
+
+    def passes(self, chunk_sizes):
+        self.seconds += sum(0.01 + 0.002 * n for n in chunk_sizes)
+
+    def step_rest(self):
+        self.seconds += 0.005
+
+    def outer_step(self, *, round_number, workers, payload_bytes):
+        self.seconds += 2 * (workers - 1) / workers * payload_bytes / 12.5e6  # a ring over 100 Mbit/s
+```
+"""
+
+import time
+
+import torch
+
+
+__all__ = ["Clock"]
+
+
+class Clock:
+    """The clock of a worker's timings (module docstring).
+
+    Args:
+        device: the device whose queued kernels `now` waits for when `synchronize` is set (CUDA only).
+        synchronize: wait for the device before every reading.
+    """
+
+    def __init__(self, device: torch.device | None = None, synchronize: bool = False):
+        self.device = device
+        self.synchronize = bool(synchronize and device is not None and device.type == "cuda")
+
+    def now(self) -> float:
+        """Seconds, on any fixed origin."""
+        if self.synchronize:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def passes(self, chunk_sizes: tuple[int, ...]) -> None:
+        """An inner step's forward/backward passes start: one per chunk, of these numbers of samples."""
+
+    def step_rest(self) -> None:
+        """The step's passes ended: clipping, the optimizer step and the scheduler start."""
+
+    def outer_step(self, *, round_number: int, workers: int, payload_bytes: int) -> None:
+        """The outer step of round `round_number` (1-based) ran among an instance's `workers`, sending a payload of
+        `payload_bytes` per worker into the all-reduce (announced after it, before its end is read)."""

@@ -1,0 +1,99 @@
+"""One plan per worker per round: what a worker's next round runs, decided once, at the round's end (pure).
+
+An instance's request b (per worker) becomes, for each of its workers, everything the worker's round needs:
+
+- switch mode's plan for each of the worker's G processes (`RoundRules.switch`, applied here and nowhere else in
+  the package): b / G per process, capped at `max_batch_size` up to `switch_threshold` × it, accumulated in
+  micro-batches above;
+- the worker's share of the instance's samples per inner step: the request as switch mode runs it, or with
+  `worker_batch_split="speed"` its share of the instance's total (`Instance.shares`), whole: accumulated in
+  micro-batches above `max_batch_size`, never capped;
+- the learning-rate factor (and the batch Adam's β, ε follow with `lr_batch_scaling="sqrt_adam"`): from the request
+  as switch mode runs it, the same on every worker of the instance, so that their pseudo-gradients have the same
+  expected size;
+- its weight in the instance's average of pseudo-gradients: its share of the instance's samples, or None while every
+  worker trains the same batch (the plain mean).
+
+`decide_round` plans the next round from the table it decides (after the merge, with the new shares); the worker
+applies its [`WorkerPlan`] as a whole to its sampler and inner optimizer, and the round's line reports the plan that
+ran next to the request for the next round.
+"""
+
+from dataclasses import dataclass
+
+from ..batch.lr_scaling import lr_factor
+from ..batch.switch_mode import BatchPlan, SwitchMode
+from ..instances.table import Instance
+from .rules import RoundRules
+
+
+__all__ = ["WorkerPlan", "plan_instance", "plan_round", "process_plan"]
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One worker's next round, as the round's decision planned it.
+
+    Attributes:
+        instance: the instance the worker trains in the round.
+        request: the instance's per-worker request b (a multiple of G).
+        process: what each of the worker's G processes runs per inner step: the batch its sampler draws and how it
+            is cut into micro-batches.
+        share: the worker's samples per inner step (G × `process.batch_size`).
+        scaled_batch: a process's batch that the learning rate (and Adam's hyperparameters) follow: the request as
+            switch mode runs it, the same on every worker of the instance.
+        lr_factor: the multiplier of the scheduler's base learning rates (1 with `lr_batch_scaling="none"`).
+        sample_weight: the worker's weight in its instance's average of pseudo-gradients, or None for the plain mean
+            (every worker trains the same batch).
+    """
+
+    instance: int
+    request: int
+    process: BatchPlan
+    share: int
+    scaled_batch: int
+    lr_factor: float
+    sample_weight: float | None = None
+
+    @property
+    def accumulates(self) -> bool:
+        return self.process.accumulates
+
+
+def process_plan(per_process: int, rules: RoundRules, *, capped: bool = True) -> BatchPlan:
+    """Switch mode for one process: `per_process` samples per inner step as `plan_batch` runs them (`capped`: the
+    request's band between `max_batch_size` and `switch_threshold` × it runs as `max_batch_size`; otherwise every
+    sample runs, accumulated above `max_batch_size`)."""
+    switch = rules.switch if capped else SwitchMode(rules.switch.max_batch_size, 1.0)
+    return switch.plan(max(1, per_process))
+
+
+def plan_instance(instance: Instance, rules: RoundRules) -> dict[int, WorkerPlan]:
+    """The plan of every worker of `instance` for a round run with its current request and shares."""
+    g = rules.processes_per_worker
+    requested = process_plan(instance.batch_size // g, rules)
+    used = g * requested.batch_size
+    split = instance.split(used)
+    equal = len(set(split)) == 1
+    factor = lr_factor(rules.lr_batch_scaling, requested.batch_size, rules.reference_batch_size)
+    plans = {}
+    for worker, share in zip(instance.workers, split):
+        process = requested if share == used else process_plan(share // g, rules, capped=False)
+        plans[worker] = WorkerPlan(
+            instance=instance.id,
+            request=instance.batch_size,
+            process=process,
+            share=g * process.batch_size,
+            scaled_batch=requested.batch_size,
+            lr_factor=factor,
+            sample_weight=None if equal else share / sum(split),
+        )
+    return plans
+
+
+def plan_round(instances: list[Instance], rules: RoundRules) -> dict[int, WorkerPlan]:
+    """Every worker's plan (worker id → plan) for a round run by the instance table `instances`."""
+    plans = {}
+    for instance in instances:
+        plans.update(plan_instance(instance, rules))
+    return plans
