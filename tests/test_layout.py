@@ -29,12 +29,13 @@ LAYERS = [
     "trainer",
 ]
 # Modules directly in the package: the public names, the old module paths, the recipes' command lines and models,
-# `adloco-hf`'s commands, the test launcher. They sit above every folder.
+# `adloco-hf`'s commands, the test launcher, the benchmarks' inspection surface. They sit above every folder.
 TOP = {
     "adloco_hf",
     "adloco_hf._aliases",
     "adloco_hf.cli",
     "adloco_hf.commands",
+    "adloco_hf.inspection",
     "adloco_hf.presets",
     "adloco_hf.testing",
 }
@@ -140,3 +141,4 @@ def test_every_folder_is_a_package():
     `find_packages`; `metrics/` is package data that `evaluate` loads by path."""
     folders = {f.parent for f in PACKAGE.rglob("*.py")} - {PACKAGE / "metrics"}
     assert sorted(str(d.relative_to(PACKAGE)) for d in folders if not (d / "__init__.py").exists()) == []
+
