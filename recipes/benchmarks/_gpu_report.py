@@ -2,7 +2,7 @@
 and a date), written to the folder's README.md and between the markers of docs/gpu.md, each figure named with the
 command that regenerates it and every target checked.
 
-    python -m recipes.benchmarks.gpu_bench --table        # docs/gpu.md from every folder under docs/gpu/
+    python -m recipes.benchmarks.gpu_bench --table        # docs/gpu.md from every folder under docs/results/gpu/
 """
 
 import glob

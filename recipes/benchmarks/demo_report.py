@@ -1,4 +1,4 @@
-"""Run the demo (`make demo`) and write down what it did: docs/demo_run.json, docs/demo_run.png, the README's lines.
+"""Run the demo (`make demo`) and write down what it did: docs/results/demo_run.json, docs/results/demo_run.png, the README's lines.
 
     python -m recipes.benchmarks.demo_report                           # the demo (about 3 minutes), then the files
     python -m recipes.benchmarks.demo_report --from_run outputs/demo   # the files from a finished demo, no launch
@@ -58,10 +58,10 @@ DEMO_COMMAND = (
     "--config",
     CONFIG,
 )
-RESULTS = "docs/demo_run.json"
-PLOT = "docs/demo_run.png"
+RESULTS = "docs/results/demo_run.json"
+PLOT = "docs/results/demo_run.png"
 README = "README.md"
-README_BEGIN = "<!-- demo-run:begin: written by `make demo-report` from docs/demo_run.json; do not edit by hand -->"
+README_BEGIN = "<!-- demo-run:begin: written by `make demo-report` from docs/results/demo_run.json; do not edit by hand -->"
 README_END = "<!-- demo-run:end -->"
 WIDTH = 118  # the README's line length
 ROUND_KEYS = ("outer_step", "global_step", "instance", "workers", "batch_size", "next_batch_size", "micro_batch_size",
@@ -192,7 +192,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         times.append(f"{duration(results['launch_seconds'])} for the whole launch (start, evaluations and saves)")
     cpus = results["machine"]["cpus"]
     lines = [
-        f"The demo's last run ([docs/demo_run.json](docs/demo_run.json), {results['machine']['date']}): "
+        f"The demo's last run ([docs/results/demo_run.json](docs/results/demo_run.json), {results['machine']['date']}): "
         f"{results['workers']} workers, {h['rounds']} rounds of {config['inner_steps']} inner steps, "
         f"{format_count(h['tokens'])} tokens, {' and '.join(times) or 'no time recorded'} on {cpus} shared CPU cores.",
         "",

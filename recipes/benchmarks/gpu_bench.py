@@ -10,7 +10,7 @@
 | `target-{diloco,adloco,trainer}-seed2` | (c) the second seed | `_gpu_workers` | 6.5 each |
 
 Each step runs in its own process (at most 9 minutes, then it is stopped) and writes `<step>.json` and `<step>.png`
-into the results folder, `docs/gpu/<device>-<date>/`; a step whose JSON exists is skipped, so a later run, on
+into the results folder, `docs/results/gpu/<device>-<date>/`; a step whose JSON exists is skipped, so a later run, on
 another day or machine of the same kind, finishes what an earlier one started (the newest unfinished folder of this
 device is continued). `--max_minutes` starts only the steps whose estimate fits in what is left. At the end the
 folder's README.md and the generated section of docs/gpu.md are rewritten from every results folder, with the
@@ -60,7 +60,7 @@ STEPS = (
     *(Step(f"target-{m}-seed{s}", "_gpu_workers", 6.5) for s in (1, 2) for m in ("diloco", "adloco", "trainer")),
 )
 STEP_LIMIT_SECONDS = 9 * 60
-RESULTS_ROOT = os.path.join(REPO, "docs", "gpu")
+RESULTS_ROOT = os.path.join(REPO, "docs", "results", "gpu")
 DOC = os.path.join(REPO, "docs", "gpu.md")
 TINY_ROOT = os.path.join(REPO, "outputs", "gpu_bench", "tiny")
 RUNS_FILE = "runs.json"
@@ -170,7 +170,7 @@ def write_readme(folder: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results_dir", default=None, help="Default: the newest unfinished docs/gpu/<device>-<date>.")
+    parser.add_argument("--results_dir", default=None, help="Default: the newest unfinished docs/results/gpu/<device>-<date>.")
     parser.add_argument("--steps", nargs="+", choices=[s.name for s in STEPS], default=None)
     parser.add_argument("--max_minutes", type=float, default=None, help="Start only the steps that fit.")
     parser.add_argument("--cache_dir", default=os.path.join(REPO, "outputs", "cache"))
