@@ -1,5 +1,6 @@
 """The package's layout: folders by part of the algorithm, imports that only run down the layers, no cycle, and no
-module over 400 lines (docs/architecture.md draws the layers).
+module over 400 lines (docs/architecture.md draws the layers); and recipes/'s: one folder per benchmark over a public
+toolkit, no private names read across modules, the library through its public surface (recipes/benchmarks/README.md).
 
 Imports anywhere in a file count (module level, inside functions, `TYPE_CHECKING` blocks).
 """

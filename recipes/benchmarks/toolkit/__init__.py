@@ -4,7 +4,7 @@
 
 Results and numbers (pure Python):
 - `paths`: the repository root, `docs/results/`, the offline environment;
-- `results`: Markdown tables, atomic JSON, the printed report and its `table.md`;
+- `results`: Markdown tables, atomic JSON, the printed report and its `table.md`; `figures`: a PNG written;
 - `stats`: ratios, a robust spread, eval curves interpolated and first reached, targets every run reaches;
 - `traffic`: the ring all-reduce and start-broadcast byte models, and the bytes a process's sockets sent.
 
