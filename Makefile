@@ -40,8 +40,9 @@ gpu-check: install
 	$(BIN)/python -m recipes.benchmarks.gpu_check
 
 # How fast AdLoCo trains on the GPU (throughput and MFU, compiled growing batches, 4 workers against 1, communication,
-# time to target against DiLoCo): resumable steps of <= 9 minutes into docs/gpu/<device>-<date>/, whose tables it
-# writes into docs/gpu.md. A later run finishes what an earlier one left (GPU_BENCH_ARGS="--max_minutes 8.5").
+# time to target against DiLoCo): resumable steps of <= 9 minutes into docs/results/gpu/<device>-<date>/, whose
+# tables it writes into docs/gpu.md. A later run finishes what an earlier one left
+# (GPU_BENCH_ARGS="--max_minutes 8.5").
 gpu-bench: install
 	$(BIN)/python -m recipes.benchmarks.gpu_bench $(GPU_BENCH_ARGS)
 
@@ -84,7 +85,7 @@ demo: install
 	$(BIN)/accelerate launch --config_file accelerate_configs/cpu_4_workers.yaml \
 		recipes/pretrain_c4.py --config recipes/configs/demo.yaml
 
-# The demo again (into a fresh outputs/demo/), then the README's numbers from it: docs/demo_run.json and .png.
+# The demo again (into a fresh outputs/demo/), then the README's numbers from it: docs/results/demo_run.json and .png.
 demo-report: install
 	$(BIN)/python -m recipes.benchmarks.demo_report
 

@@ -12,8 +12,7 @@ Works on a finished run, on one still training and on one that crashed (a trunca
 import argparse
 import sys
 
-from adloco_hf.reporting.plotting import plot_run
-from adloco_hf.reporting.report import format_summary, summarize_run
+from adloco_hf.inspection import format_summary, plot_run, summarize_run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

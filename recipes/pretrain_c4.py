@@ -46,7 +46,6 @@ import torch
 from transformers import HfArgumentParser, default_data_collator
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-from adloco_hf.checkpoint.manifest import checkpoints_newest_first
 from adloco_hf.cli import parse_args_with_yaml, recipe_parser, setup_logging
 from adloco_hf.data import (
     BUILTIN_CORPUS,
@@ -58,9 +57,8 @@ from adloco_hf.data import (
     load_or_train_tokenizer,
     load_text_corpus,
 )
+from adloco_hf.inspection import PLOT_FILE, checkpoints_newest_first, format_summary, summarize_run
 from adloco_hf.presets import MODEL_PRESETS, build_model
-from adloco_hf.reporting.plotting import PLOT_FILE
-from adloco_hf.reporting.report import format_summary, summarize_run
 
 
 logger = logging.getLogger("pretrain_c4")

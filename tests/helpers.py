@@ -25,7 +25,7 @@ from adloco_hf.rounds.rules import RoundRules
 from adloco_hf.testing import WorkersResult, free_port, launch_command, run_workers
 from adloco_hf.testing import tiny_llama as tiny_model
 from adloco_hf.testing import tiny_llama_config as tiny_config
-from recipes.benchmarks._common import RESUMED_ROUND_KEYS
+from recipes.benchmarks.toolkit.resumed_runs import RESUMED_ROUND_KEYS
 
 
 __all__ = [

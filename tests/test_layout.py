@@ -1,5 +1,6 @@
 """The package's layout: folders by part of the algorithm, imports that only run down the layers, no cycle, and no
-module over 400 lines (docs/architecture.md draws the layers).
+module over 400 lines (docs/architecture.md draws the layers); and recipes/'s: one folder per benchmark over a public
+toolkit, no private names read across modules, the library through its public surface (recipes/benchmarks/README.md).
 
 Imports anywhere in a file count (module level, inside functions, `TYPE_CHECKING` blocks).
 """
@@ -29,12 +30,13 @@ LAYERS = [
     "trainer",
 ]
 # Modules directly in the package: the public names, the old module paths, the recipes' command lines and models,
-# `adloco-hf`'s commands, the test launcher. They sit above every folder.
+# `adloco-hf`'s commands, the test launcher, the benchmarks' inspection surface. They sit above every folder.
 TOP = {
     "adloco_hf",
     "adloco_hf._aliases",
     "adloco_hf.cli",
     "adloco_hf.commands",
+    "adloco_hf.inspection",
     "adloco_hf.presets",
     "adloco_hf.testing",
 }
@@ -140,3 +142,211 @@ def test_every_folder_is_a_package():
     `find_packages`; `metrics/` is package data that `evaluate` loads by path."""
     folders = {f.parent for f in PACKAGE.rglob("*.py")} - {PACKAGE / "metrics"}
     assert sorted(str(d.relative_to(PACKAGE)) for d in folders if not (d / "__init__.py").exists()) == []
+
+
+# ---- recipes/: the recipes and the benchmarks (a tool set: one folder per benchmark over a public toolkit) ----
+REPO = PACKAGE.parent
+RECIPES = REPO / "recipes"
+BENCHMARKS = RECIPES / "benchmarks"
+TOOLKIT = "recipes.benchmarks.toolkit"
+# The library as recipes and benchmarks may use it: the public API, the recipes' command lines, models and launcher,
+# the contract paths (DESIGN §3), and the inspection surface for what benchmarks read of the internals.
+LIBRARY_SURFACE = {
+    "adloco_hf",
+    "adloco_hf.batch_size",
+    "adloco_hf.cli",
+    "adloco_hf.data",
+    "adloco_hf.inspection",
+    "adloco_hf.presets",
+    "adloco_hf.switch_mode",
+    "adloco_hf.testing",
+}
+
+
+def dotted_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> set[str]:
+    return {dotted_name(f) for root in (PACKAGE, RECIPES) for f in root.rglob("*.py")}
+
+
+def import_statements(name: str, source: str, is_package: bool = False) -> list[tuple[str, list | None, ast.AST]]:
+    """(module, its imported aliases or None for `import module`, node) of every import of module `name`, relative
+    imports resolved."""
+    package = name if is_package else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, None, node) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.append((base, node.names, node))
+    return found
+
+
+def imports_in(path: pathlib.Path) -> list[tuple[str, list | None, ast.AST]]:
+    return import_statements(dotted_name(path), path.read_text(), path.name == "__init__.py")
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_reads(where: str, name: str, source: str, project: set[str]) -> list[str]:
+    """Where module `name` reads another module's private names: `from m import _x`, an import of a module whose path
+    has a private part (`m._x`), or `m._x` on a module it imported. Modules outside `project` (torch, datasets) are
+    their own business."""
+    roots = {m.split(".")[0] for m in project}
+    found, bound = [], set()
+    for module, aliases, node in import_statements(name, source):
+        if module.split(".")[0] not in roots:
+            continue
+        if any(is_private(part) for part in module.split(".")):
+            found.append(f"{where}:{node.lineno} imports the private module {module}")
+        for alias in node.names:
+            imported = alias.name if aliases is None else f"{module}.{alias.name}"
+            if aliases is not None and is_private(alias.name):
+                found.append(f"{where}:{node.lineno} imports the private name {imported}")
+            if imported in project:
+                bound.add(alias.asname or (alias.name if aliases is not None else alias.name.split(".")[0]))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id in bound and is_private(node.attr):
+                found.append(f"{where}:{node.lineno} reads {node.value.id}.{node.attr}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def recipe_files() -> list[pathlib.Path]:
+    return sorted(RECIPES.rglob("*.py"))
+
+
+@pytest.fixture(scope="module")
+def recipe_graph(recipe_files) -> dict[str, set[str]]:
+    """Module → the recipes modules it imports (`from package import module` counts as the module)."""
+    modules = {dotted_name(f) for f in recipe_files}
+    graph = {}
+    for path in recipe_files:
+        deps = set()
+        for module, aliases, _ in imports_in(path):
+            submodules = [f"{module}.{a.name}" for a in aliases or [] if f"{module}.{a.name}" in modules]
+            deps |= set(submodules)
+            if aliases is None or len(submodules) < len(aliases):
+                deps.add(module)
+        graph[dotted_name(path)] = {d for d in deps if d in modules} - {dotted_name(path)}
+    return graph
+
+
+def benchmark_of(module: str) -> str | None:
+    """The folder of recipes/benchmarks/ (a benchmark, or the toolkit) a module belongs to; None outside them."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["recipes", "benchmarks"] else None
+
+
+def test_no_recipes_module_is_over_400_lines(recipe_files):
+    long = sorted(
+        f"{f.relative_to(REPO)}: {n} lines" for f in recipe_files if (n := len(f.read_text().splitlines())) > MAX_LINES
+    )
+    assert long == [], "\n".join(long)
+
+
+def test_the_recipes_import_graph_has_no_cycle(recipe_graph):
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(recipe_graph.get(node, ())):
+            if state.get(dep) == 1:
+                raise AssertionError("import cycle: " + " → ".join(path[path.index(dep) :] + [dep]))
+            if dep not in state:
+                visit(dep, path + [dep])
+        state[node] = 2
+
+    for module in sorted(recipe_graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_every_benchmark_is_a_folder_run_by_its_main():
+    """`python -m recipes.benchmarks.NAME` runs NAME/__main__.py; nothing but the package's __init__ sits loose."""
+    assert sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name != "__init__.py") == []
+    folders = sorted(d for d in BENCHMARKS.iterdir() if d.is_dir() and any(d.rglob("*.py")))
+    assert len(folders) >= 10, folders
+    for folder in folders:
+        needed = ["__init__.py"] if folder.name == "toolkit" else ["__init__.py", "__main__.py"]
+        assert [n for n in needed if not (folder / n).exists()] == [], folder
+    packages = {f.parent for f in RECIPES.rglob("*.py")}
+    assert sorted(str(d.relative_to(REPO)) for d in packages if not (d / "__init__.py").exists()) == []
+
+
+def test_the_toolkit_imports_no_benchmark(recipe_graph):
+    upward = sorted(
+        f"{m} imports {d}"
+        for m, deps in recipe_graph.items()
+        if m.startswith(TOOLKIT)
+        for d in deps
+        if not d.startswith(TOOLKIT)
+    )
+    assert upward == [], "\n".join(upward)
+
+
+def test_a_benchmark_reads_another_only_through_its_package(recipe_graph):
+    """A benchmark may use another's public names (goodput_report replays runs with wallclock's model) as that
+    package exports them, never its modules; the recipes' scripts import no benchmark."""
+    wrong = []
+    for module, deps in recipe_graph.items():
+        mine = benchmark_of(module)
+        for dep in deps:
+            theirs = benchmark_of(dep)
+            if theirs is None or theirs == mine or (theirs == "toolkit" and mine is not None):
+                continue
+            if mine is None or dep != f"recipes.benchmarks.{theirs}":
+                wrong.append(f"{module} imports {dep}")
+    assert sorted(wrong) == [], "\n".join(sorted(wrong))
+
+
+def test_no_recipes_module_reads_another_modules_private_names(recipe_files):
+    """Private names stay in their module: what another one needs is public (in the library: adloco_hf.inspection).
+    The same check can cover the package (`PACKAGE`'s files) once it holds there."""
+    project = project_modules()
+    found = [
+        line
+        for f in recipe_files
+        for line in private_reads(str(f.relative_to(REPO)), dotted_name(f), f.read_text(), project)
+    ]
+    assert found == [], "\n".join(found)
+
+
+def test_the_private_names_check_finds_each_kind_of_read():
+    source = (
+        "import torch\n"
+        "from recipes.benchmarks.toolkit import stats\n"
+        "from recipes.benchmarks.toolkit.results import _cell\n"
+        "import adloco_hf.data._cache\n"
+        "stats._private(torch._dynamo)\n"
+    )
+    project = project_modules() | {"recipes.benchmarks.toolkit.stats", "recipes.benchmarks.toolkit.results"}
+    found = private_reads("probe.py", "recipes.benchmarks.probe", source, project)
+    assert found == [
+        "probe.py:3 imports the private name recipes.benchmarks.toolkit.results._cell",
+        "probe.py:4 imports the private module adloco_hf.data._cache",
+        "probe.py:5 reads stats._private",
+    ]
+
+
+def test_recipes_use_the_library_through_its_public_surface(recipe_files):
+    """The public API, the recipes' helpers (`cli`, `presets`, `testing`) and `adloco_hf.inspection`: the folders
+    inside the package can move without breaking a recipe or a benchmark."""
+    modules = project_modules()
+    inside = []
+    for f in recipe_files:
+        for module, aliases, node in imports_in(f):
+            named = [module] if aliases is None else [f"{module}.{a.name}" for a in aliases] + [module]
+            reached = [m for m in named if m in modules and m.split(".")[0] == "adloco_hf"]
+            inside += [f"{f.relative_to(REPO)}:{node.lineno} imports {m}" for m in reached if m not in LIBRARY_SURFACE]
+    assert sorted(set(inside)) == [], "\n".join(sorted(set(inside)))

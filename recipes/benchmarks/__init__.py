@@ -1,8 +1,8 @@
-"""Benchmarks of AdLoCo, run from the repository root as modules (see README.md in this folder):
+"""Benchmarks of AdLoCo, a tool set: one folder per benchmark, run from the repository root as a module
+(`python -m recipes.benchmarks.NAME`, its `__main__.py`), over the shared public modules of `toolkit/`
+(README.md in this folder: the benchmarks, their commands and results, and the layout's rules):
 
     python -m recipes.benchmarks.convergence --quick
     python -m recipes.benchmarks.overhead --quick
     python -m recipes.benchmarks.distributed_costs
-
-`_common` holds their pure-Python arithmetic; `_convergence_worker` is what `convergence` launches on every worker.
 """

@@ -1,4 +1,4 @@
-"""The README's numbers on the demo are its last run's: docs/demo_run.json records `make demo`'s config and every round,
+"""The README's numbers on the demo are its last run's: docs/results/demo_run.json records `make demo`'s config and every round,
 the README quotes `render_markdown` of it, and `recipes.benchmarks.demo_report` writes all of it from a run (issue 27).
 No launch: the report is run on the recorded rounds, written back as a run's files."""
 

@@ -26,7 +26,11 @@ from adloco_hf import AdLoCoConfig
 from adloco_hf.cli import parse_args_with_yaml
 
 
-DOC_FILES = [os.path.join(REPO, "README.md"), *sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))]
+DOC_FILES = [
+    os.path.join(REPO, "README.md"),
+    *sorted(glob.glob(os.path.join(REPO, "docs", "*.md"))),
+    *sorted(glob.glob(os.path.join(REPO, "docs", "results", "*.md"))),  # the results data's index
+]
 SHELL_LANGUAGES = ("bash", "sh", "shell", "console", "")
 # Commands that start a program: the Python interpreter (any path to it), accelerate and torchrun.
 COMMAND_START = re.compile(

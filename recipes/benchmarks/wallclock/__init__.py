@@ -6,7 +6,7 @@ inner steps, and which instances merged. Replayed here with
 
 - a **device profile**: seconds of one forward/backward of b sequences (piecewise linear between the measured
   micro-batch sizes, linear beyond), of the optimizer step, of other per-step work and of an outer step's local
-  work. Measured by `overhead.py --step_profile ...` (its `step_profile`), or given as JSON / on the command line.
+  work. Measured by `overhead --step_profile ...` (its `step_profile`), or given as JSON / on the command line.
   A step of a batch above the device's micro-batch limit runs as several micro-batches (switch mode's
   accumulation: the plan logged by the run, or `--device_max_micro_batch` for another device); the statistics step
   at a round's end runs as two halves when the run measured gradient statistics and did not accumulate;
@@ -30,88 +30,54 @@ Communication, modelled as the library sends it:
   with a fraction of the forward/backward time.
 
 Per round: compute, communication and wall seconds; in total the same, and, given the run's eval curve (its
-`result.json` from `_convergence_worker.py`, or `--curve`), the time to reach each `--targets` perplexity (tokens
-to the target interpolated on the curve in log-perplexity, then the time at those tokens within the replay).
+`result.json` from the benchmark worker, `toolkit/worker/`, or `--curve`), the time to reach each `--targets`
+perplexity (tokens to the target interpolated on the curve in log-perplexity, then the time at those tokens within the
+replay).
 
-Validation (`--validate`) against `links.py`'s runs over rate-limited links: per method and bandwidth, predicted
-against measured wall seconds (and the seconds at which each run reached links.py's target perplexities, at the
+Validation (`--validate`) against `links`' runs over rate-limited links: per method and bandwidth, predicted
+against measured wall seconds (and the seconds at which each run reached links' target perplexities, at the
 measured tokens). The device profile must not come from the run being predicted: either a step profile measured
-under the same CPU contention (`overhead.py --step_profile ... --step_profile_processes 4`: 4 processes with one
+under the same CPU contention (`overhead --step_profile ... --step_profile_processes 4`: 4 processes with one
 thread each on the 2 cores, as the 4 workers of a launch are; a profile from one process alone would be about twice
 too fast), or `--calibrate highest`: each method's compute time scaled so that its run at the highest bandwidth
 (communication small) is matched; that run is then reported as `calibration`, not as a prediction (a ValueError
 when the predicted communication alone exceeds its measured wall time: no compute time can match it). The bytes
-links.py counts on the wire include Ethernet/IP/TCP headers and ACKs: `--efficiency 0.95` (the payload share of a
+links counts on the wire include Ethernet/IP/TCP headers and ACKs: `--efficiency 0.95` (the payload share of a
 tbf-limited veth link measured in DESIGN §9: 12.5 MB in 1.05 s at 100 Mbit/s) applies that to the bandwidth.
 
 The 1B/H100 scenario (`--scenario 1b-h100`): time to target for DDP, DiLoCo and AdLoCo at 0.1 to 100 Gbit/s, with
 every assumption printed and stored.
 
 The package's modules: `link_model` (links, device profiles, message times), `replay` (step and round times, whole
-runs, time at tokens), `runs` (run folders on disk), `validate` (against links.py), `scenario` (1B/H100); the
+runs, time at tokens), `runs` (run folders on disk), `validate` (against links), `scenario` (1B/H100); the
 command line is `python -m recipes.benchmarks.wallclock` (`__main__`, with examples).
 """
 
-from recipes.benchmarks.wallclock.link_model import (
-    DDP_BUCKET_BYTES,
-    DDP_FIRST_BUCKET_BYTES,
-    OUTER_BUCKET_NUMEL,
-    DeviceProfile,
-    Link,
-    broadcast_seconds,
-    control_seconds,
-    merge_messages,
-    ring_all_reduce_seconds,
-    sequential_messages_seconds,
-    transfer_seconds,
-)
+from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link
 from recipes.benchmarks.wallclock.replay import (
     RunFacts,
-    ddp_step_seconds,
-    instance_compute_seconds,
-    micro_batches,
     replay_adloco,
     replay_ddp,
     seconds_at_tokens,
     time_to_targets,
     tokens_to_target,
 )
-from recipes.benchmarks.wallclock.runs import DTYPE_BYTES, replay_folder, resolve_run_folder, run_facts, seed_of
-from recipes.benchmarks.wallclock.scenario import Scenario, measured_ratios, scenario_results
-from recipes.benchmarks.wallclock.validate import calibration_factor, format_validation, links_entries, validate
+from recipes.benchmarks.wallclock.runs import replay_folder, resolve_run_folder
+from recipes.benchmarks.wallclock.scenario import Scenario, scenario_results
 
 
+# What another benchmark replays runs with (`goodput_report`); the model's pieces are in the modules.
 __all__ = [
-    "DDP_BUCKET_BYTES",
-    "DDP_FIRST_BUCKET_BYTES",
-    "DTYPE_BYTES",
-    "OUTER_BUCKET_NUMEL",
     "DeviceProfile",
     "Link",
     "RunFacts",
     "Scenario",
-    "broadcast_seconds",
-    "calibration_factor",
-    "control_seconds",
-    "ddp_step_seconds",
-    "format_validation",
-    "instance_compute_seconds",
-    "links_entries",
-    "measured_ratios",
-    "merge_messages",
-    "micro_batches",
     "replay_adloco",
     "replay_ddp",
     "replay_folder",
     "resolve_run_folder",
-    "ring_all_reduce_seconds",
-    "run_facts",
     "scenario_results",
     "seconds_at_tokens",
-    "seed_of",
-    "sequential_messages_seconds",
     "time_to_targets",
     "tokens_to_target",
-    "transfer_seconds",
-    "validate",
 ]

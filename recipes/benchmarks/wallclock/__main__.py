@@ -6,11 +6,11 @@ repository root:
     # the device profile: 4 processes on the cores, as 4 workers; the Trainer's step at batch 4 for its overhead
     python -m recipes.benchmarks.overhead --step_profile 1 2 3 4 5 6 7 8 10 12 16 --step_profile_processes 4 \\
         --step_profile_trainer_batch 4 --step_profile_only --output_dir outputs/benchmarks/wallclock/profile_4proc
-    # one run (convergence.py's NAME/seed-S/ folders: --seed S, default the first seed), replayed over 100 Mbit/s
+    # one run (convergence's NAME/seed-S/ folders: --seed S, default the first seed), replayed over 100 Mbit/s
     # links, with the time to two perplexities
     python -m recipes.benchmarks.wallclock --run outputs/benchmarks/convergence/adloco --seed 42 \\
         --profile outputs/benchmarks/wallclock/profile_4proc/results.json --bandwidth 1e8 --targets 700 600
-    # against links.py's measurements, with the profile alone, then calibrated on the highest bandwidth
+    # against links' measurements, with the profile alone, then calibrated on the highest bandwidth
     python -m recipes.benchmarks.wallclock --validate outputs/benchmarks/links/results.json --efficiency 0.95 \\
         --profile outputs/benchmarks/wallclock/profile_4proc/results.json
     python -m recipes.benchmarks.wallclock --validate outputs/benchmarks/links/results.json --efficiency 0.95 \\
@@ -25,12 +25,13 @@ import argparse
 import os
 from dataclasses import replace
 
-from adloco_hf.reporting.run_log import load_rounds
-from recipes.benchmarks._common import REPO, human_bytes, table, write_json
+from adloco_hf.inspection import load_rounds
+from recipes.benchmarks.toolkit.paths import REPO
+from recipes.benchmarks.toolkit.results import human_bytes, read_json, table, write_json
 from recipes.benchmarks.wallclock.goodput import GoodputAssumptions
 from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link, mbit
 from recipes.benchmarks.wallclock.replay import time_to_targets
-from recipes.benchmarks.wallclock.runs import _read_json, _rounds_folder, replay_folder, resolve_run_folder, seed_of
+from recipes.benchmarks.wallclock.runs import replay_folder, resolve_run_folder, rounds_folder, seed_of
 from recipes.benchmarks.wallclock.scenario import (
     Scenario,
     format_scenario,
@@ -44,7 +45,7 @@ from recipes.benchmarks.wallclock.validate import format_validation, validate
 
 def profile_from_args(args: argparse.Namespace) -> DeviceProfile | None:
     if args.profile:
-        profile = DeviceProfile.from_json(_read_json(args.profile), source=args.profile)
+        profile = DeviceProfile.from_json(read_json(args.profile), source=args.profile)
     elif args.step_seconds:
         points = {}
         for item in args.step_seconds.split(","):
@@ -68,16 +69,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument(
         "--run",
-        help="A method's output folder: a run folder (adloco_rounds.jsonl, spec.json, result.json) or convergence.py's "
+        help="A method's output folder: a run folder (adloco_rounds.jsonl, spec.json, result.json) or convergence's "
         "NAME/ with one seed-S/ run folder per seed.",
     )
-    mode.add_argument("--validate", metavar="LINKS_RESULTS", help="links.py's results.json.")
+    mode.add_argument("--validate", metavar="LINKS_RESULTS", help="links' results.json.")
     mode.add_argument("--scenario", choices=["1b-h100"])
     parser.add_argument(
         "--seed", type=int, default=None, help="--run: replay NAME/seed-SEED (default: the first seed folder, sorted)."
     )
     parser.add_argument("--output_dir", default="outputs/benchmarks/wallclock")
-    parser.add_argument("--profile", help="overhead.py's results.json (its step_profile) or a profile JSON.")
+    parser.add_argument("--profile", help="overhead's results.json (its step_profile) or a profile JSON.")
     parser.add_argument("--step_seconds", help="Forward/backward seconds per micro-batch size: '4=0.05,8=0.09'.")
     parser.add_argument("--optimizer_seconds", type=float, default=None)
     parser.add_argument("--step_overhead_seconds", type=float, default=None, help="Other per-step work.")
@@ -103,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--convergence",
         default="outputs/benchmarks/convergence/results.json",
-        help="--scenario: convergence.py's results, for the tokens-to-target ratios and AdLoCo's trajectory.",
+        help="--scenario: convergence's results, for the tokens-to-target ratios and AdLoCo's trajectory.",
     )
     parser.add_argument("--ratios", help="--scenario: 'diloco=1.2,adloco=1.4' instead of the measured ratios.")
     parser.add_argument("--target_ppl", type=float, default=None, help="--scenario: target of the ratios.")
@@ -149,7 +150,7 @@ def main_run(args: argparse.Namespace, profile: DeviceProfile) -> dict:
     )
     curve = replay.pop("curve")
     if args.curve:
-        loaded = _read_json(args.curve)
+        loaded = read_json(args.curve)
         curve = loaded.get("curve") if isinstance(loaded, dict) else loaded
     replay["targets"] = time_to_targets(replay, curve, args.targets)
     replay.update(link=link.__dict__, profile=profile.to_json(), run=folder, seed=seed)
@@ -170,18 +171,11 @@ def main_run(args: argparse.Namespace, profile: DeviceProfile) -> dict:
 
 
 def main_validate(args: argparse.Namespace, profile: DeviceProfile) -> dict:
-    links = _read_json(args.validate)
+    links = read_json(args.validate)
     if links is None:
         raise SystemExit(f"{args.validate} not found")
-    rows = validate(
-        links,
-        profile,
-        latency=args.latency,
-        efficiency=args.efficiency,
-        calibrate=args.calibrate,
-        ddp_overlap=args.ddp_overlap,
-        base_dir=REPO,
-    )
+    options = {name: getattr(args, name) for name in ("latency", "efficiency", "calibrate", "ddp_overlap")}
+    rows = validate(links, profile, base_dir=REPO, **options)
     report = format_validation(rows)
     print(report)
     name = "validation" if args.calibrate == "none" else f"validation_calibrated_{args.calibrate}"
@@ -210,18 +204,18 @@ def main_scenario(args: argparse.Namespace) -> dict:
         ddp_grad_bytes=args.ddp_grad_bytes,
         ddp_overlap=args.ddp_overlap,
     )
-    convergence = _read_json(args.convergence)
+    convergence = read_json(args.convergence)
     adloco_lines = None
     if args.ratios:
         given = {k: float(v) for k, v in (item.split("=") for item in args.ratios.split(","))}
         ratio_info = {"ratios": {"ddp": 1.0, **given}, "target_ppl": float("nan"), "source": "given"}
     else:
         if convergence is None:
-            raise SystemExit(f"{args.convergence} not found: run convergence.py first, or give --ratios")
+            raise SystemExit(f"{args.convergence} not found: run convergence first, or give --ratios")
         ratio_info = measured_ratios(convergence, args.target_ppl)
         ratio_info["source"] = f"{args.convergence}, profile {convergence.get('profile')}"
     if convergence is not None and "adloco" in convergence.get("methods", {}):
-        folder = _rounds_folder(os.path.join(os.path.dirname(os.path.abspath(args.convergence)), "adloco"))
+        folder = rounds_folder(os.path.join(os.path.dirname(os.path.abspath(args.convergence)), "adloco"))
         if folder is not None:
             adloco_lines = load_rounds(folder)
             ratio_info["adloco_trajectory"] = folder

@@ -13,9 +13,8 @@ initial batch b₀ per sequence, so the run trains until those weighted tokens r
 import math
 from dataclasses import dataclass
 
-from adloco_hf.batch.goodput import GoodputModel, choose_request
-from adloco_hf.batch.switch_mode import SwitchMode, plan_batch
-from adloco_hf.batch.throughput import StepTimeModel, fit_pass_seconds
+from adloco_hf import plan_batch
+from adloco_hf.inspection import GoodputModel, StepTimeModel, SwitchMode, choose_request, fit_pass_seconds
 from recipes.benchmarks.wallclock.link_model import (
     OUTER_BUCKET_NUMEL,
     DeviceProfile,

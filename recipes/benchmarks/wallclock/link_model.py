@@ -4,12 +4,10 @@ library sends (point-to-point transfers, ring all-reduces, broadcasts, small con
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from adloco_hf.instances.table import MergePlan
-from adloco_hf.instances.transfers import plan_transfers
-from adloco_hf.outer.step import BUCKET_NUMEL
+from adloco_hf.inspection import OUTER_BUCKET_NUMEL as OUTER_BUCKET_NUMEL  # the outer all-reduce's bucket (elements)
+from adloco_hf.inspection import MergePlan, plan_transfers
 
 
-OUTER_BUCKET_NUMEL = BUCKET_NUMEL  # elements per bucket of the outer step's all-reduce
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb
 DDP_FIRST_BUCKET_BYTES = 2**20  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
 
@@ -87,7 +85,7 @@ class DeviceProfile:
 
     @classmethod
     def from_json(cls, obj: dict, source: str = "") -> "DeviceProfile":
-        """From `overhead.py`'s results.json (its `step_profile`) or a profile dict with the same keys."""
+        """From `overhead`'s results.json (its `step_profile`) or a profile dict with the same keys."""
         obj = obj.get("step_profile", obj)
         return cls(
             micro_batch_seconds={int(b): float(s) for b, s in obj["micro_batch_seconds"].items()},

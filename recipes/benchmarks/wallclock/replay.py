@@ -6,10 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from adloco_hf.batch.switch_mode import split_sizes
-from adloco_hf.instances.table import Instance, MergePlan, plan_merge
-from adloco_hf.reporting.run_log import group_by_round
-from recipes.benchmarks._common import first_reach, ring_all_reduce_bytes, start_broadcast_bytes
+from adloco_hf.inspection import Instance, MergePlan, group_by_round, plan_merge, split_sizes
+from recipes.benchmarks.toolkit.stats import first_reach
+from recipes.benchmarks.toolkit.traffic import ring_all_reduce_bytes, start_broadcast_bytes
 from recipes.benchmarks.wallclock.link_model import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
@@ -112,7 +111,7 @@ def _instances_of(lines: list[dict], batch_key: str) -> list[Instance]:
     return [Instance(line["instance"], tuple(line["workers"]), line[batch_key]) for line in lines]
 
 
-def _merge_plan(lines: list[dict], next_lines: list[dict] | None, world_size: int) -> MergePlan:
+def merge_plan(lines: list[dict], next_lines: list[dict] | None, world_size: int) -> MergePlan:
     """The merge at the end of a round, rebuilt from its lines: the survivor's `merged_from`, the table of the next
     round where there is one (else planned again from the requests, with demands b × workers)."""
     survivor = next(line for line in lines if line["merged_from"])
@@ -173,7 +172,7 @@ def replay_adloco(
         merge, merge_bytes = 0.0, 0.0
         if any(line["merged_from"] for line in round_lines):
             next_lines = rounds_by_step[steps_sorted[index + 1]] if index + 1 < len(steps_sorted) else None
-            plan = _merge_plan(round_lines, next_lines, world)
+            plan = merge_plan(round_lines, next_lines, world)
             logged_merge = next(line for line in round_lines if line["merged_from"]).get("merge_bytes")
             messages = (
                 []
@@ -316,7 +315,7 @@ def _summarise(
 
 def tokens_to_target(curve: Sequence[Sequence[float]], target: float) -> float | None:
     """The first training tokens at which a `[tokens, perplexity]` curve reaches `target` (log-perplexity linear in
-    tokens between points: `_common.first_reach`), or None if it never does. A curve already at the target at its
+    tokens between points: `toolkit.stats.first_reach`), or None if it never does. A curve already at the target at its
     first point gives that point's tokens (reached then at the latest)."""
     points = [{"tokens": float(t), "eval_ppl": p} for t, p in sorted(curve, key=lambda point: float(point[0]))]
     reached = first_reach(points, target, {"tokens": "tokens"})

@@ -1,13 +1,13 @@
-"""Runs on disk: a run folder's facts (spec.json, result.json), its replay, its eval curve as convergence.py holds
-it, and the run folder to read under a method's folder (convergence.py writes one `seed-S/` folder per seed)."""
+"""Runs on disk: a run folder's facts (spec.json, result.json), its replay, its eval curve as convergence holds
+it, and the run folder to read under a method's folder (convergence writes one `seed-S/` folder per seed)."""
 
-import json
 import math
 import os
 from typing import Any
 
-from adloco_hf.reporting.run_log import load_rounds
-from recipes.benchmarks._common import ring_all_reduce_bytes
+from adloco_hf.inspection import load_rounds
+from recipes.benchmarks.toolkit.results import read_json
+from recipes.benchmarks.toolkit.traffic import ring_all_reduce_bytes
 from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link
 from recipes.benchmarks.wallclock.replay import RunFacts, replay_adloco, replay_ddp
 
@@ -16,17 +16,10 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ROUNDS_FILE = "adloco_rounds.jsonl"
 
 
-def _read_json(path: str) -> dict | None:
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def run_facts(folder: str, **overrides) -> tuple[RunFacts, dict, dict]:
-    """A run folder's facts from its spec.json and result.json (`_convergence_worker.py`); overrides win."""
-    spec = _read_json(os.path.join(folder, "spec.json")) or {}
-    result = _read_json(os.path.join(folder, "result.json")) or {}
+    """A run folder's facts from its spec.json and result.json (`toolkit/worker/`); overrides win."""
+    spec = read_json(os.path.join(folder, "spec.json")) or {}
+    result = read_json(os.path.join(folder, "result.json")) or {}
     adloco = spec.get("adloco", {})
     numel = overrides.get("numel") or result.get("parameters")
     world = overrides.get("world_size") or spec.get("world_size") or result.get("world_size")
@@ -86,20 +79,20 @@ def replay_folder(
     replay["facts"] = facts.__dict__
     replay["curve"] = result.get("curve")
     curve = _convergence_curve(folder)
-    if curve:  # convergence.py's copy starts with the initial perplexity at 0 tokens
+    if curve:  # convergence's copy starts with the initial perplexity at 0 tokens
         replay["curve"] = curve
     return replay
 
 
 def _convergence_curve(folder: str) -> list | None:
-    """The run's curve as convergence.py's results.json holds it (with the initial point): for `<dir>/<method>` or,
+    """The run's curve as convergence's results.json holds it (with the initial point): for `<dir>/<method>` or,
     with several seeds, `<dir>/<method>/seed-<seed>`."""
     folder = os.path.abspath(folder)
     name, seed = os.path.basename(folder), None
     if name.startswith("seed-"):
         seed, folder = name[len("seed-") :], os.path.dirname(folder)
         name = os.path.basename(folder)
-    results = _read_json(os.path.join(os.path.dirname(folder), "results.json")) or {}
+    results = read_json(os.path.join(os.path.dirname(folder), "results.json")) or {}
     method = results.get("methods", {}).get(name, {})
     if seed is None:
         return method.get("curve")
@@ -125,7 +118,7 @@ def _is_run(folder: str, need_rounds: bool = False) -> bool:
 
 
 def resolve_run_folder(folder: str, seed: int | str | None = None, *, need_rounds: bool = False) -> str | None:
-    """The run folder to read for `folder`: convergence.py writes `NAME/seed-S/`, one folder per seed.
+    """The run folder to read for `folder`: convergence writes `NAME/seed-S/`, one folder per seed.
 
     With `seed`: `folder/seed-<seed>` (None if it holds no run). Without: the first `seed-*` subfolder, by seed, that
     holds a run, else `folder` itself if it holds one (a run folder given directly, or the one-folder layout).
@@ -144,6 +137,6 @@ def seed_of(folder: str) -> str | None:
     return name[len("seed-") :] if name.startswith("seed-") else None
 
 
-def _rounds_folder(folder: str) -> str | None:
+def rounds_folder(folder: str) -> str | None:
     """The run folder with a rounds file under a method's folder (`resolve_run_folder`, first seed)."""
     return resolve_run_folder(folder, need_rounds=True)

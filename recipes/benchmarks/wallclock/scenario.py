@@ -1,18 +1,20 @@
 """The 1B/H100 scenario: time to a target perplexity for DDP, DiLoCo and AdLoCo over 0.1 to 100 Gbit/s links, from
-an H100 step model, the tokens-to-target ratios measured by convergence.py and AdLoCo's measured trajectory."""
+an H100 step model, the tokens-to-target ratios measured by convergence and AdLoCo's measured trajectory."""
 
 import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from adloco_hf.batch.switch_mode import plan_batch
-from adloco_hf.reporting.run_log import group_by_round
-from recipes.benchmarks._common import ratio, table
+from adloco_hf import plan_batch
+from adloco_hf.inspection import group_by_round
+from recipes.benchmarks.toolkit.figures import pyplot, save_figure
+from recipes.benchmarks.toolkit.results import table
+from recipes.benchmarks.toolkit.stats import ratio
 from recipes.benchmarks.wallclock.goodput import GoodputAssumptions, goodput_lines, step_time_model
 from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link, mbit
 from recipes.benchmarks.wallclock.replay import (
     RunFacts,
-    _merge_plan,
+    merge_plan,
     replay_adloco,
     replay_ddp,
     seconds_at_tokens,
@@ -31,7 +33,7 @@ class Scenario:
     sequence_length: int = 2048
     # Sequences per forward/backward on one H100 (max_batch_size): 16 × 2048 tokens of a 1B model in bf16 need about
     # 16 GB of fp32 weights, gradients and AdamW moments plus ~2 GB of activations per sequence. Twice the initial
-    # batch, as in convergence.py's CPU runs (max_batch_size 8, batch 4), so switch mode acts as it did there.
+    # batch, as in convergence's CPU runs (max_batch_size 8, batch 4), so switch mode acts as it did there.
     micro_batch: int = 16
     batch: int = 8  # per-worker batch of DDP and DiLoCo, AdLoCo's initial request
     workers: int = 8
@@ -41,7 +43,7 @@ class Scenario:
     latency_seconds: float = 1e-4
     ddp_tokens_to_target: float = 20e9  # Chinchilla's 20 tokens per parameter
     pseudo_grad_bytes: int = 2  # bf16 pseudo-gradients
-    ddp_grad_bytes: int = 4  # fp32 gradients, as convergence.py models DDP
+    ddp_grad_bytes: int = 4  # fp32 gradients, as convergence models DDP
     ddp_overlap: float = 0.0  # share of the forward/backward that hides DDP's all-reduce
     hbm_bytes_per_second: float = 3.35e12
     bandwidths: tuple[float, ...] = (1e8, 1e9, 1e10, 1e11)
@@ -60,7 +62,7 @@ class Scenario:
 
 
 def measured_ratios(convergence: dict, target: float | None = None) -> dict[str, Any]:
-    """Tokens to a target perplexity of diloco and adloco relative to ddp, from convergence.py's results.json.
+    """Tokens to a target perplexity of diloco and adloco relative to ddp, from convergence's results.json.
 
     A method whose entry holds an `error` (every seed failed) is left out (listed under `skipped`). The target
     defaults to the worst of the methods' best perplexities: the highest of their curves' lowest points, the lowest
@@ -100,7 +102,7 @@ def _scenario_lines(
     first_batch = grouped[0][0]["batch_size"]
     last = grouped[-1]
     if any(line["merged_from"] for line in last):  # the table after the last measured merge repeats
-        plan = _merge_plan(last, None, source_workers)
+        plan = merge_plan(last, None, source_workers)
         last = [
             {"instance": inst.id, "workers": list(inst.workers), "batch_size": inst.batch_size, "merged_from": []}
             for inst in plan.after
@@ -330,11 +332,7 @@ def format_scenario(rows: list[dict]) -> str:
 
 
 def plot_scenario(rows: list[dict], path: str, title: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 5))
     for method in ("ddp", "diloco", "adloco", "goodput"):
         points = [
@@ -352,7 +350,4 @@ def plot_scenario(rows: list[dict], path: str, title: str) -> str:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

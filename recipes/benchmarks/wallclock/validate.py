@@ -1,17 +1,18 @@
-"""Validation against links.py: predicted against measured wall seconds (and seconds to its target perplexities)
-for every method and bandwidth of a links.py results file, optionally calibrated on the highest bandwidth."""
+"""Validation against links: predicted against measured wall seconds (and seconds to its target perplexities)
+for every method and bandwidth of a links results file, optionally calibrated on the highest bandwidth."""
 
 import os
 from typing import Any
 
-from recipes.benchmarks._common import ratio, table
+from recipes.benchmarks.toolkit.results import table
+from recipes.benchmarks.toolkit.stats import ratio
 from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link, mbit
 from recipes.benchmarks.wallclock.replay import seconds_at_tokens
 from recipes.benchmarks.wallclock.runs import replay_folder
 
 
 def links_entries(obj: Any, method: str | None = None) -> list[dict]:
-    """Every measurement of a links.py results file: a dict with `wall_seconds` and `bandwidth_bits_per_second`,
+    """Every measurement of a links results file: a dict with `wall_seconds` and `bandwidth_bits_per_second`,
     wherever it sits; its method is its own `method` or the key it is stored under (the nearest one)."""
     found = []
     if isinstance(obj, dict):
@@ -38,7 +39,7 @@ def validate(
     ddp_overlap: float = 0.0,
     base_dir: str = ".",
 ) -> list[dict]:
-    """Predicted against measured wall seconds for every method and bandwidth of a links.py results file.
+    """Predicted against measured wall seconds for every method and bandwidth of a links results file.
 
     `calibrate="highest"`: per method, the compute times are scaled so that the run at the highest bandwidth is
     matched exactly; that row is marked `calibration` and its error is not a prediction's.
@@ -103,7 +104,7 @@ def validate(
 
 
 def calibration_factor(method: str, reference: dict, predicted_total: dict) -> float:
-    """The factor on every compute time that makes the replay of `reference` (a links.py entry) last its measured
+    """The factor on every compute time that makes the replay of `reference` (a links entry) last its measured
     wall seconds: (measured wall − predicted communication) / predicted compute.
 
     Raises ValueError when it is not positive: the predicted communication alone already exceeds the measured wall
@@ -165,7 +166,7 @@ def format_validation(rows: list[dict]) -> str:
             f"max {100 * max(errors):.1f}%"
         )
     lines.append(
-        "to-target error %: mean |relative error| of the predicted seconds at which the run reached links.py's "
+        "to-target error %: mean |relative error| of the predicted seconds at which the run reached links' "
         "target perplexities (at the measured tokens), against the measured ones."
     )
     return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""What benchmarks and research scripts may read of the library beyond its public API: the supported surface.
+
+`recipes/` imports `adloco_hf` only through the public API (`adloco_hf`, `adloco_hf.data`), the recipes' helpers
+(`adloco_hf.cli`, `adloco_hf.presets`, `adloco_hf.testing`) and this module (`tests/test_layout.py` checks it), so
+the folders inside the package can change without breaking a benchmark. Everything here is re-exported from where it
+lives; each piece is pure (no process group, no training state) or reads a finished run's files.
+
+A run's files (`output_dir`):
+- `load_rounds`, `load_evals`: the rounds and evaluation lines; `group_by_round`; `MERGED`, the `instance` of a merged
+  model's evaluation; `is_finite_number`; `summarize_run` and `format_summary` (`adloco-hf summary`), `plot_run` and
+  its file name `PLOT_FILE` (`adloco-hf plot`); `checkpoints_newest_first`.
+
+The library's own models, so that a benchmark predicts what a run sends and chooses rather than modelling it again:
+- bytes and buckets of the outer step's all-reduce: `ring_all_reduce_bytes`, `OUTER_BUCKET_NUMEL`;
+- switch mode: `SwitchMode` (its plans and the ranges of requests that run in the same number of passes) and its chunks,
+  `split_sizes` (`plan_batch` is public: `adloco_hf.plan_batch`);
+- merges: the instance table and merge plan (`Instance`, `MergePlan`, `plan_merge`) and the messages a merge sends
+  (`plan_transfers`);
+- the goodput rule: `GoodputModel`, `choose_request`, and its step-time model (`StepTimeModel`, `fit_pass_seconds`);
+- the clock a worker's timings read, and the hook a virtual clock subclasses: `Clock` (`trainer.worker.clock = ...`).
+
+Formats and files the benchmarks share with the run's own output: `format_bytes`, `format_count` (the run log's units),
+`atomic_write_text`. The built-in corpus's split column: `SPLIT_COLUMN`. An error a run raises:
+`WorkerTimeoutError` (a worker lost mid-round).
+"""
+
+from .batch.goodput import GoodputModel, choose_request
+from .batch.switch_mode import SwitchMode, split_sizes
+from .batch.throughput import StepTimeModel, fit_pass_seconds
+from .checkpoint.manifest import checkpoints_newest_first
+from .common.clock import Clock
+from .common.distributed import WorkerTimeoutError
+from .common.files import atomic_write_text
+from .common.formats import format_bytes, format_count
+from .data.python_source import SPLIT_COLUMN
+from .instances.table import Instance, MergePlan, plan_merge
+from .instances.transfers import plan_transfers
+from .outer.step import BUCKET_NUMEL as OUTER_BUCKET_NUMEL
+from .outer.step import ring_all_reduce_bytes
+from .reporting.plotting import PLOT_FILE, plot_run
+from .reporting.report import format_summary, summarize_run
+from .reporting.run_log import MERGED, group_by_round, is_finite_number, load_evals, load_rounds
+
+
+__all__ = [
+    "MERGED",
+    "OUTER_BUCKET_NUMEL",
+    "PLOT_FILE",
+    "SPLIT_COLUMN",
+    "Clock",
+    "GoodputModel",
+    "Instance",
+    "MergePlan",
+    "StepTimeModel",
+    "SwitchMode",
+    "WorkerTimeoutError",
+    "atomic_write_text",
+    "checkpoints_newest_first",
+    "choose_request",
+    "fit_pass_seconds",
+    "format_bytes",
+    "format_count",
+    "format_summary",
+    "group_by_round",
+    "is_finite_number",
+    "load_evals",
+    "load_rounds",
+    "plan_merge",
+    "plan_transfers",
+    "plot_run",
+    "ring_all_reduce_bytes",
+    "split_sizes",
+    "summarize_run",
+]

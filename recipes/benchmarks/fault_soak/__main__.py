@@ -1,0 +1,5 @@
+from recipes.benchmarks.fault_soak.cli import main
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Statistics of the benchmarks' results: ratios, a robust spread, curves of eval perplexity (interpolated, first
+reached) and target perplexities every run reaches. Pure Python (no torch)."""
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+
+
+__all__ = [
+    "choose_targets",
+    "complete_repeats",
+    "first_reach",
+    "interpolate_curve",
+    "median_spread",
+    "nice_ceiling",
+    "ratio",
+]
+
+
+def ratio(value: float | None, reference: float | None) -> float | None:
+    """`value / reference`, or None when either is missing or the reference is 0 or not finite."""
+    if value is None or reference is None:
+        return None
+    if not math.isfinite(reference) or reference == 0 or not math.isfinite(value):
+        return None
+    return value / reference
+
+
+def median_spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, min, max, and the half-width of the inter-quartile range relative to the median (a robust spread)."""
+    if not values:
+        raise ValueError("median_spread needs at least one value")
+    data = sorted(float(v) for v in values)
+    median = statistics.median(data)
+    if len(data) >= 4:
+        q1, _, q3 = statistics.quantiles(data, n=4, method="inclusive")
+    else:
+        q1, q3 = data[0], data[-1]
+    return {
+        "median": median,
+        "min": data[0],
+        "max": data[-1],
+        "iqr_half_rel": (q3 - q1) / 2 / abs(median) if median else math.inf,
+        "n": len(data),
+    }
+
+
+def interpolate_curve(curve: Sequence[Sequence[float]], x: float) -> float | None:
+    """Perplexity at `x` tokens on a curve of `[tokens, perplexity]` points, or None outside its range.
+
+    Interpolates the loss (log-perplexity) linearly in tokens, which is how the Trainer's loss evolves between two
+    evaluations far better than the perplexity itself. Points need not be sorted; a repeated x keeps the last one.
+    """
+    points = {}
+    for tokens, ppl in curve:
+        if ppl is not None and math.isfinite(ppl) and ppl > 0:
+            points[float(tokens)] = float(ppl)
+    xs = sorted(points)
+    if not xs or x < xs[0] or x > xs[-1]:
+        return None
+    for left, right in zip(xs, xs[1:]):
+        if left <= x <= right:
+            if right == left:
+                return points[right]
+            t = (x - left) / (right - left)
+            return math.exp((1 - t) * math.log(points[left]) + t * math.log(points[right]))
+    return points[xs[-1]]
+
+
+def first_reach(points: Sequence[Mapping], target: float, fields: Mapping[str, str]) -> dict | None:
+    """Where a run's eval curve first reaches perplexity `target` (eval_ppl <= target), or None if it never does.
+
+    `points` are the run's evaluations in order (dicts with `"eval_ppl"` and the keys named in `fields`), the first
+    one usually the initial model. Between the two evaluations around the crossing every field is interpolated
+    linearly, at the fraction where log-perplexity crosses `log(target)`. Returns `{name: value}` for `fields`
+    (`{output name: point key}`); a field missing on either point is None. Non-finite perplexities are skipped.
+    """
+    points = [
+        p for p in points if p.get("eval_ppl") is not None and math.isfinite(p["eval_ppl"]) and p["eval_ppl"] > 0
+    ]
+    for i, point in enumerate(points):
+        if point["eval_ppl"] > target:
+            continue
+        before = points[i - 1] if i else point
+        span = math.log(before["eval_ppl"]) - math.log(point["eval_ppl"])
+        t = 1.0 if span <= 0 else (math.log(before["eval_ppl"]) - math.log(target)) / span
+        out = {}
+        for name, key in fields.items():
+            a, b = before.get(key), point.get(key)
+            out[name] = None if a is None or b is None else a + t * (b - a)
+        return out
+    return None
+
+
+def nice_ceiling(x: float) -> float:
+    """`x` rounded up to two significant digits (187.3 -> 190, 1234 -> 1300, 9.71 -> 9.8)."""
+    if x <= 0 or not math.isfinite(x):
+        return x
+    step = 10 ** (math.floor(math.log10(x)) - 1)
+    return math.ceil(round(x / step, 9)) * step
+
+
+def choose_targets(best_ppls: Sequence[float], factors: Sequence[float] = (1.3, 1.1, 1.0)) -> list[float]:
+    """Target perplexities that every run reaches, from each run's best (lowest) perplexity: the worst of those
+    bests, and `factors` above it, each rounded up to two significant digits; highest first, no repeats."""
+    best = [p for p in best_ppls if p is not None and math.isfinite(p)]
+    if not best:
+        return []
+    worst_best = max(best)
+    return sorted({nice_ceiling(worst_best * f) for f in factors}, reverse=True)
+
+
+def complete_repeats(runs: Sequence[Mapping], variants: Sequence[str]) -> list[dict]:
+    """The runs of variants alternated in one process, paired by repeat: `[{variant: run}]` for every repeat in which
+    each of `variants` ran (a run is a dict with `"repeat"` and `"variant"`); a ValueError when there is none."""
+    by_repeat: dict[int, dict[str, Mapping]] = {}
+    for run in runs:
+        by_repeat.setdefault(run["repeat"], {})[run["variant"]] = run
+    complete = [r for r in by_repeat.values() if all(v in r for v in variants)]
+    if not complete:
+        raise ValueError(f"no repeat ran every variant of {list(variants)}")
+    return complete
