@@ -41,6 +41,7 @@ from transformers import AutoTokenizer, HfArgumentParser, default_data_collator
 
 import adloco_hf
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
+from adloco_hf.checkpoint.manifest import check_checkpoint_path
 from adloco_hf.cli import parse_args_with_yaml, recipe_parser, setup_logging
 from adloco_hf.data import build_lm_datasets, lm_dataset_stats, load_text_corpus
 from adloco_hf.presets import build_model
@@ -189,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     script_args, training_args = parse_args(argv)
     # Building AdLoCoConfig initialised the process group, so the data below is prepared by rank 0 first.
     setup_logging(training_args)
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint is not None and checkpoint.lower() != "auto":
+        check_checkpoint_path(checkpoint, training_args.output_dir)  # before the data: a wrong path fails in seconds
     is_main = training_args.process_index == 0
 
     # ---- model & tokenizer ----

@@ -46,7 +46,7 @@ import torch
 from transformers import HfArgumentParser, default_data_collator
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
-from adloco_hf.checkpoint.manifest import checkpoints_newest_first
+from adloco_hf.checkpoint.manifest import check_checkpoint_path, checkpoints_newest_first
 from adloco_hf.cli import parse_args_with_yaml, recipe_parser, setup_logging
 from adloco_hf.data import (
     BUILTIN_CORPUS,
@@ -157,6 +157,8 @@ def resolve_checkpoint(training_args: AdLoCoConfig) -> str | bool | None:
                 "--resume_from_checkpoint auto to start afresh when there is none)"
             )
         return True
+    if checkpoint is not None and checkpoint.lower() != "auto":
+        check_checkpoint_path(checkpoint, training_args.output_dir)  # a path that does not exist
     return checkpoint
 
 
@@ -203,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     # Building AdLoCoConfig initialised the process group, so the data below is prepared by rank 0 first.
     setup_logging(training_args)
     check_world_size(training_args)
+    resume_from_checkpoint = resolve_checkpoint(training_args)  # before the data: a wrong path fails in seconds
     is_main = training_args.process_index == 0
     logger.info(
         "%d worker(s) on %s, backend %s", training_args.world_size, training_args.device, training_args.ddp_backend
@@ -289,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
     # The cards name the data: local shards (in C4's schema) by their paths, else the dataset (a Hub id, a corpus).
     local = [path for path in script_args.dataset_files or [] if os.path.isfile(path)]
     trainer.card_details.dataset = ", ".join(local) or script_args.dataset_name
-    result = trainer.train(resume_from_checkpoint=resolve_checkpoint(training_args))
+    result = trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()

@@ -332,6 +332,23 @@ def write_notes(path: Path, documents: int = 80) -> None:
 
 
 @pytest.mark.multiprocess
+def test_a_checkpoint_that_does_not_exist_fails_before_the_data_is_built(tmp_path):
+    """`--resume_from_checkpoint PATH` was checked in train(), after the corpus was read, the tokenizer trained and
+    the data packed, and diagnosed as a folder "not written by AdLoCoTrainer" (issue 41)."""
+    missing = tmp_path / "out" / "checkpoint-99"
+    command = [
+        sys.executable, str(RECIPES / "pretrain_c4.py"), "--config", str(FIXTURE), "--output_dir",
+        str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"), "--resume_from_checkpoint", str(missing),
+    ]  # fmt: skip
+    env = (
+        os.environ | HERMETIC_ENV | {"HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    )
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode != 0
+    assert f"FileNotFoundError: resume_from_checkpoint={str(missing)!r} does not exist" in result.stderr, result.stderr
+    assert not (tmp_path / "cache").exists()  # no tokenizer trained, no data packed
+
+
 def test_finetune_recipe_lowers_perplexity(pretrained_run, tmp_path):
     merged = pretrained_run[0] / "merged"
     notes = tmp_path / "notes.jsonl"
