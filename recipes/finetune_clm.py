@@ -22,7 +22,8 @@ lists them all.
 The eval perplexity is computed with the `evaluate` metric shipped in `adloco_hf/metrics/perplexity.py` (loaded by
 path, offline) from each eval batch's mean loss and token count. Outputs in `output_dir`: `finetune_results.json`
 (`perplexity_before`, `perplexity_after`, and the losses), the fine-tuned model in `merged/` (safetensors, tokenizer,
-model card) and AdLoCo's logs (`adloco_rounds.jsonl`, `adloco_eval.jsonl`).
+model card) and AdLoCo's logs (`adloco_rounds.jsonl`, `adloco_eval.jsonl`: an evaluation at every round's end, unless
+`--eval_strategy no`, and the merged model's at the end).
 """
 
 import glob
@@ -138,8 +139,10 @@ def build_parser() -> HfArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, AdLoCoConfig]:
     """The command line (`None`: `sys.argv[1:]`) as the script's dataclasses, with defaults from `--config`."""
-    # Without a GPU the workers need use_cpu=True for a gloo group (else each one sees a world of 1).
-    defaults = {} if torch.cuda.is_available() else {"use_cpu": True}
+    # Without a GPU the workers need use_cpu=True for a gloo group (else each one sees a world of 1). The eval set is
+    # evaluated at every round's end (eval_steps defaults to inner_steps), so that adloco_eval.jsonl and the run's
+    # plot show the fine-tuning's course, not only its start and end (--eval_strategy no turns it off).
+    defaults = {"eval_strategy": "steps"} | ({} if torch.cuda.is_available() else {"use_cpu": True})
     parser = build_parser()
     script_args, training_args = parse_args_with_yaml(parser, argv, defaults=defaults)
     if script_args.dataset_name is None and not script_args.dataset_files:

@@ -351,6 +351,10 @@ def test_the_readme_fine_tune_command_and_plot_run_as_written(tmp_path):
     run_as_documented(finetune, tmp_path, TINY)
     results = json.loads((tmp_path / output_dir / "finetune_results.json").read_text())
     assert results["perplexity_after"] < results["perplexity_before"], results
+    # An evaluation at every round's end and the merged model's at the end: the run's plot has its eval points (the
+    # recipe left adloco_eval.jsonl empty before, issue 41).
+    evals = [json.loads(line) for line in open(tmp_path / output_dir / "adloco_eval.jsonl")]
+    assert [(e["global_step"], e["instance"]) for e in evals] == [(10, 0), (20, 0), (20, "merged")], evals
 
     plot = next(run for run in RUNS if run.module == "recipes.plot_run" and run.args == ["OUTPUT_DIR"])
     plot = RecipeRun(plot.command, plot.module, [output_dir], plot.env, plot.launcher)

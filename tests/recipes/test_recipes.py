@@ -391,6 +391,8 @@ def test_finetune_recipe_lowers_perplexity(pretrained_run, tmp_path):
 
     results = json.loads((out / "finetune_results.json").read_text())
     before, after = results["perplexity_before"], results["perplexity_after"]
+    evals = [json.loads(line) for line in open(out / "adloco_eval.jsonl")]  # every round's evaluation, and merged/'s
+    assert [(e["global_step"], e["instance"]) for e in evals] == [(10, 0), (20, 0), (20, "merged")], evals
     assert math.isfinite(before) and math.isfinite(after)
     assert after < before, results
     assert (out / "merged" / "model.safetensors").is_file()
