@@ -14,6 +14,7 @@ import os
 import random
 import re
 import shlex
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -456,9 +457,63 @@ def test_the_first_example_of_the_readme_trains_on_cpu_workers(tmp_path):
     assert builds == ["_tokenize_and_pack rank 0", "_train_byte_level_bpe rank 0"], builds
 
 
-def test_the_readme_example_checks_its_config_before_building_any_data(tmp_path, monkeypatch):
-    """The example run with a config mistake (eval_steps not a multiple of inner_steps): AdLoCoConfig refuses it
-    before the corpus is read, the tokenizer trained, the data packed or the model built."""
+def test_the_first_example_of_the_readme_runs_as_written_with_python(tmp_path):
+    """`python train.py`, one process: it was refused in train() after the data was built ("num_instances=2 exceeds
+    the 1 worker(s)"), although the example says it runs as written on a laptop CPU (issue 41). It trains one
+    instance, warns, writes the README's files with the modes umask 022 gives, and into a log file (not a terminal)
+    prints each round line on a line of its own, without transformers' lines for every file of a save."""
+    code = readme_example().replace("max_steps=200", "max_steps=40").replace("eval_steps=100", "eval_steps=40")
+    code = code.replace('"out"', repr(str(tmp_path / "out"))).replace('"cache"', repr(str(tmp_path / "cache")))
+    (tmp_path / "train.py").write_text(code)
+    env = os.environ | {
+        "PYTHONPATH": REPO,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "MPLCONFIGDIR": str(tmp_path / "mpl"),
+        "OMP_NUM_THREADS": "2",
+    }
+    log = tmp_path / "train.log"
+    with open(log, "w") as f:
+        result = subprocess.run(
+            [sys.executable, "train.py"], cwd=tmp_path, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=600,
+            umask=0o022,
+        )  # fmt: skip
+    output = log.read_text()
+    assert result.returncode == 0, output[-6000:]
+    assert "num_instances=2, but this launch has one process (`python train.py`)" in output, output[-6000:]
+    out = tmp_path / "out"
+    for name in ("adloco_rounds.jsonl", "adloco_eval.jsonl", "adloco_run.png", "merged/model.safetensors"):
+        assert (out / name).is_file(), name
+    modes = {
+        os.path.relpath(os.path.join(folder, name), out): stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode)
+        for folder, folders, files in os.walk(out)
+        for name in folders + files
+    }
+    expected = {path: 0o755 if (out / path).is_dir() else 0o644 for path in modes}
+    assert modes == expected, {path: oct(mode) for path, mode in modes.items() if mode != expected[path]}
+    assert "merged/model.safetensors" in modes and "checkpoint-40/model.safetensors" in modes, sorted(modes)
+    rounds = [line for line in output.split("\n") if "round " in line and "(step " in line]
+    assert len(rounds) == 2 and all(line.startswith("[transformers] round ") for line in rounds), rounds
+    assert "Configuration saved in" not in output and ".tmp-" not in output
+    assert f"saved {out / 'checkpoint-40'}" in output
+
+
+@pytest.mark.parametrize(
+    ("written", "mistake", "error", "words"),
+    [
+        ("eval_steps=100", "eval_steps=30", ValueError, "eval_steps=30 is not a multiple of inner_steps=20"),
+        ("inner_steps=20,", "inner_step=20,", TypeError, "no field inner_step=20 (did you mean inner_steps"),
+        ("batch_size_cap=32,", "batch_size_cap=1,", ValueError, "batch_size_cap=1 is below the initial request"),
+        ("max_steps=200,", "max_steps=10,", ValueError, "inner_steps=20 is more than max_steps=10"),
+    ],
+    ids=["eval_steps", "misspelt field", "batch_size_cap", "max_steps"],
+)
+def test_the_readme_example_checks_its_config_before_building_any_data(
+    tmp_path, monkeypatch, written, mistake, error, words
+):
+    """The example run with a config mistake: AdLoCoConfig refuses it before the corpus is read, the tokenizer
+    trained, the data packed or the model built, naming the field."""
     import adloco_hf.data
     import adloco_hf.presets
 
@@ -476,9 +531,10 @@ def test_the_readme_example_checks_its_config_before_building_any_data(tmp_path,
     ]:
         monkeypatch.setattr(module, name, too_early(name))
     code = readme_example().replace('"out"', repr(str(tmp_path / "out"))).replace('"cache"', repr(str(tmp_path)))
-    assert "eval_steps=100" in code
-    with pytest.raises(ValueError, match="eval_steps"):
-        exec(compile(code.replace("eval_steps=100", "eval_steps=30"), "README.md", "exec"), {})
+    assert written in code
+    with pytest.raises(error) as raised:
+        exec(compile(code.replace(written, mistake, 1), "README.md", "exec"), {})
+    assert words in str(raised.value), raised.value
 
 
 def test_the_readme_example_prepares_its_data_under_main_process_first():

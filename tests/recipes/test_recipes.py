@@ -69,7 +69,8 @@ def test_yaml_values_are_used(pretrain, tmp_path):
     assert script_args.model_name_or_path == "tiny"
     assert script_args.dataset_files == ["a.jsonl", "b.jsonl"]
     assert script_args.block_size == 64
-    assert (args.max_steps, args.inner_steps, args.num_instances, args.max_batch_size) == (40, 20, 2, 8)
+    # num_instances as the file sets it (this one process trains 1 of them: config/launch.py).
+    assert (args.max_steps, args.inner_steps, args.num_instances_asked, args.max_batch_size) == (40, 20, 2, 8)
     assert args.learning_rate == 2e-5 and isinstance(args.learning_rate, float)
     assert args.eval_steps == 20  # AdLoCoConfig's own default still applies to what the file does not set
     assert script_args.tokenizer_vocab_size == 4096
