@@ -109,6 +109,10 @@ def recipe_run(command: Command) -> RecipeRun | None:
     tokens = shlex.split(command.text, comments=True)
     if tokens and tokens[0] == "sudo":
         tokens = tokens[1:]
+    if tokens and tokens[0] == "srun":  # SLURM runs the launcher on every node (docs/multi_node.md)
+        tokens = tokens[1:]
+        while tokens and tokens[0].startswith("-"):
+            tokens = tokens[1:]
     env = {}
     while tokens and ENV_ASSIGNMENT.match(tokens[0]):
         key, _, value = tokens.pop(0).partition("=")
@@ -361,6 +365,28 @@ def test_the_readme_fine_tune_command_and_plot_run_as_written(tmp_path):
     plot = RecipeRun(plot.command, plot.module, [output_dir], plot.env, plot.launcher)
     summary = run_as_documented(plot, tmp_path, [])
     assert (tmp_path / output_dir / "adloco_run.png").stat().st_size > 0, summary.stdout
+
+
+def test_the_readme_quotes_no_test_count():
+    """A count of tests drifts with every change (the README said 900 where `make test` collected 1,701): the
+    README names the suite, the collection counts it."""
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    assert not re.search(r"\d[\d,]* tests\b", text), re.findall(r".{40}\d[\d,]* tests\b.{10}", text)
+
+
+def test_the_docs_round_lines_use_the_consoles_units():
+    """Every round line quoted in the README and docs/ spells its bytes as the console does (`format_bytes`: B, KiB,
+    MiB, ...): docs/outputs.md showed "sent 6.2 MB" where the console prints MiB."""
+    from adloco_hf.common.formats import format_bytes
+
+    units = {format_bytes(1024**power * 3).split()[-1] for power in range(5)}
+    quoted = [
+        (relative(path), match.group(1))
+        for path in DOC_FILES
+        for match in re.finditer(r"round \d+ \(step \d+\) \|[^\n`]*?\| sent [\d.]+ (\w+)", open(path).read())
+    ]
+    assert quoted, "no round line quoted in the docs"
+    assert all(unit in units for _, unit in quoted), [q for q in quoted if q[1] not in units]
 
 
 # ---- links and the configuration page ----
