@@ -25,16 +25,17 @@ import difflib
 import logging
 import os
 import sys
-from typing import Any
-
-import datasets
-import transformers
-import yaml
-from transformers import HfArgumentParser, TrainingArguments
+from typing import TYPE_CHECKING, Any
 
 from .common.upstream import move_option, optional_actions, parser_actions
-from .config.arguments import AdLoCoConfig
-from .config.fields import GROUPS
+
+
+if TYPE_CHECKING:
+    from transformers import HfArgumentParser, TrainingArguments
+
+# transformers, datasets, yaml and the config are imported where they are used: `adloco-hf --help` (`main`) imports
+# none of them (torch, transformers' Trainer and peft take seconds to import; `commands.py` says which command needs
+# what).
 
 
 __all__ = [
@@ -90,6 +91,8 @@ def load_yaml_defaults(parser: argparse.ArgumentParser, path: str | os.PathLike)
         ValueError: the file is not a mapping, names an argument the parser does not have (with the closest
             names), or holds a value the argument rejects.
     """
+    import yaml
+
     path = os.fspath(path)
     with open(path, encoding="utf-8") as f:
         config = yaml.safe_load(f)
@@ -112,7 +115,7 @@ def load_yaml_defaults(parser: argparse.ArgumentParser, path: str | os.PathLike)
 
 
 def parse_args_with_yaml(
-    parser: HfArgumentParser, args: list[str] | None = None, *, defaults: dict[str, Any] | None = None
+    parser: "HfArgumentParser", args: list[str] | None = None, *, defaults: dict[str, Any] | None = None
 ) -> tuple[Any, ...]:
     """Parse the command line into the parser's dataclasses, with defaults from `--config file.yaml`.
 
@@ -198,10 +201,15 @@ def _fields(dataclass: type) -> list[str]:
     return [field.name for field in dataclasses.fields(dataclass) if field.init]
 
 
-def recipe_parser(script_arguments: type, description: str, prog: str | None = None) -> HfArgumentParser:
+def recipe_parser(script_arguments: type, description: str, prog: str | None = None) -> "HfArgumentParser":
     """The parser of a Trainer recipe: `HfArgumentParser((script_arguments, AdLoCoConfig))` whose `--help` starts with
     a short usage and `description`, then AdLoCo's options in their four groups, the recipe's own (`script_arguments`,
     described by its docstring), and last the `TrainingArguments` options (a few hundred lines)."""
+    from transformers import HfArgumentParser
+
+    from .config.arguments import AdLoCoConfig
+    from .config.fields import GROUPS
+
     parser = HfArgumentParser(
         (script_arguments, AdLoCoConfig),
         prog=prog,
@@ -234,9 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(argv)
 
 
-def setup_logging(training_args: TrainingArguments) -> None:
+def setup_logging(training_args: "TrainingArguments") -> None:
     """INFO on global rank 0 (the library's per-round lines), WARNING on the other workers, each line tagged with
     its rank; transformers and datasets follow `log_level` / `log_level_replica`."""
+    import datasets
+    import transformers
+
     is_main = training_args.process_index == 0
     logging.basicConfig(
         format=f"%(asctime)s [rank {training_args.process_index}] %(levelname)s %(name)s: %(message)s",

@@ -18,11 +18,9 @@ import re
 import shutil
 import sys
 
-from .checkpoint.manifest import CheckpointDamagedError, checkpoints_newest_first, verify_checkpoint
-from .reporting.hub import HubUploadError, create_hub_repo, push_folder
-from .reporting.model_card import full_folder_of
-from .reporting.plotting import plot_run
-from .reporting.report import format_summary, summarize_run
+
+# Each command imports what it uses: `--help`, `summary` and `plot` import neither torch nor transformers (seconds on
+# a busy machine); `verify` reads checkpoints with torch, `export` and `push` load transformers and huggingface_hub.
 
 
 __all__ = ["CommandError", "build_parser", "main", "safetensors_problems", "verify_folder"]
@@ -62,6 +60,8 @@ def model_folder(source: str) -> str:
 
 def run_folders(output_dir: str) -> list[str]:
     """The folders of a run worth verifying: its checkpoints (newest first), `merged/`, `merged-full/`, its merges."""
+    from .checkpoint.manifest import checkpoints_newest_first
+
     folders = checkpoints_newest_first(output_dir)
     for name in (_MERGED, f"{_MERGED}-full"):
         if os.path.isdir(os.path.join(output_dir, name)):
@@ -106,6 +106,8 @@ def safetensors_problems(folder: str) -> tuple[list[str], int, int]:
 def verify_folder(folder: str) -> tuple[bool, str]:
     """(intact, what was checked or what is wrong) for a checkpoint (its manifest, then its safetensors files) or a
     model folder (its safetensors files)."""
+    from .checkpoint.manifest import CheckpointDamagedError, verify_checkpoint
+
     checked = []
     if _is_checkpoint(folder):
         try:
@@ -177,6 +179,9 @@ def _export(args) -> int:
     import torch
     import transformers
 
+    from .common.files import apply_umask_modes
+    from .reporting.model_card import full_folder_of
+
     folder = model_folder(args.source)
     if os.path.isfile(os.path.join(folder, "adapter_config.json")):
         full = full_folder_of(folder)
@@ -208,6 +213,7 @@ def _export(args) -> int:
             if os.path.isfile(os.path.join(folder, image)):
                 shutil.copyfile(os.path.join(folder, image), os.path.join(args.dest, image))
         point_card_at(args.dest, args.dest, written_for=folder)
+    apply_umask_modes(args.dest)  # save_pretrained's model.safetensors is 0600 (`common/files.py`)
     parameters = sum(p.numel() for p in model.parameters())
     print(f"exported {folder} to {args.dest}: {type(model).__name__}, {parameters:,} parameters, {model.dtype}")
     return 0
@@ -217,6 +223,9 @@ def _export(args) -> int:
 
 
 def _push(args) -> int:
+    from .reporting.hub import HubUploadError, create_hub_repo, push_folder
+    from .reporting.model_card import full_folder_of
+
     folder = model_folder(args.source)
     full = full_folder_of(folder)
     sources = [(folder, None)] + ([(full, "merged-full")] if _is_model_folder(full) else [])
@@ -250,6 +259,8 @@ def _push(args) -> int:
 
 
 def _summary(args) -> int:
+    from .reporting.report import format_summary, summarize_run
+
     try:
         summary = summarize_run(args.run)
     except (FileNotFoundError, ValueError) as error:
@@ -259,6 +270,9 @@ def _summary(args) -> int:
 
 
 def _plot(args) -> int:
+    from .reporting.plotting import plot_run
+    from .reporting.report import summarize_run
+
     try:
         summarize_run(args.run)  # the same checks, and their messages, as `summary`
     except (FileNotFoundError, ValueError) as error:

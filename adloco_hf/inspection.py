@@ -8,7 +8,8 @@ lives; each piece is pure (no process group, no training state) or reads a finis
 A run's files (`output_dir`):
 - `load_rounds`, `load_evals`: the rounds and evaluation lines; `group_by_round`; `MERGED`, the `instance` of a merged
   model's evaluation; `is_finite_number`; `summarize_run` and `format_summary` (`adloco-hf summary`), `plot_run` and
-  its file name `PLOT_FILE` (`adloco-hf plot`); `checkpoints_newest_first`.
+  its file name `PLOT_FILE` (`adloco-hf plot`); `checkpoints_newest_first`, and `check_checkpoint_path` (a path to
+  resume from that does not exist, named with the checkpoints that do, before any data is built).
 
 The library's own models, so that a benchmark predicts what a run sends and chooses rather than modelling it again:
 - bytes and buckets of the outer step's all-reduce: `ring_all_reduce_bytes`, `OUTER_BUCKET_NUMEL`;
@@ -27,7 +28,7 @@ Formats and files the benchmarks share with the run's own output: `format_bytes`
 from .batch.goodput import GoodputModel, choose_request
 from .batch.switch_mode import SwitchMode, split_sizes
 from .batch.throughput import StepTimeModel, fit_pass_seconds
-from .checkpoint.manifest import checkpoints_newest_first
+from .checkpoint.manifest import check_checkpoint_path, checkpoints_newest_first
 from .common.clock import Clock
 from .common.distributed import WorkerTimeoutError
 from .common.files import atomic_write_text
@@ -55,6 +56,7 @@ __all__ = [
     "SwitchMode",
     "WorkerTimeoutError",
     "atomic_write_text",
+    "check_checkpoint_path",
     "checkpoints_newest_first",
     "choose_request",
     "fit_pass_seconds",

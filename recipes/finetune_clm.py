@@ -22,7 +22,8 @@ lists them all.
 The eval perplexity is computed with the `evaluate` metric shipped in `adloco_hf/metrics/perplexity.py` (loaded by
 path, offline) from each eval batch's mean loss and token count. Outputs in `output_dir`: `finetune_results.json`
 (`perplexity_before`, `perplexity_after`, and the losses), the fine-tuned model in `merged/` (safetensors, tokenizer,
-model card) and AdLoCo's logs (`adloco_rounds.jsonl`, `adloco_eval.jsonl`).
+model card) and AdLoCo's logs (`adloco_rounds.jsonl`, `adloco_eval.jsonl`: an evaluation at every round's end, unless
+`--eval_strategy no`, and the merged model's at the end).
 """
 
 import glob
@@ -43,6 +44,7 @@ import adloco_hf
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.cli import parse_args_with_yaml, recipe_parser, setup_logging
 from adloco_hf.data import build_lm_datasets, lm_dataset_stats, load_text_corpus
+from adloco_hf.inspection import check_checkpoint_path
 from adloco_hf.presets import build_model
 
 
@@ -137,8 +139,10 @@ def build_parser() -> HfArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> tuple[ScriptArguments, AdLoCoConfig]:
     """The command line (`None`: `sys.argv[1:]`) as the script's dataclasses, with defaults from `--config`."""
-    # Without a GPU the workers need use_cpu=True for a gloo group (else each one sees a world of 1).
-    defaults = {} if torch.cuda.is_available() else {"use_cpu": True}
+    # Without a GPU the workers need use_cpu=True for a gloo group (else each one sees a world of 1). The eval set is
+    # evaluated at every round's end (eval_steps defaults to inner_steps), so that adloco_eval.jsonl and the run's
+    # plot show the fine-tuning's course, not only its start and end (--eval_strategy no turns it off).
+    defaults = {"eval_strategy": "steps"} | ({} if torch.cuda.is_available() else {"use_cpu": True})
     parser = build_parser()
     script_args, training_args = parse_args_with_yaml(parser, argv, defaults=defaults)
     if script_args.dataset_name is None and not script_args.dataset_files:
@@ -189,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
     script_args, training_args = parse_args(argv)
     # Building AdLoCoConfig initialised the process group, so the data below is prepared by rank 0 first.
     setup_logging(training_args)
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint is not None and checkpoint.lower() != "auto":
+        check_checkpoint_path(checkpoint, training_args.output_dir)  # before the data: a wrong path fails in seconds
     is_main = training_args.process_index == 0
 
     # ---- model & tokenizer ----

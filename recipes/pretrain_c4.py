@@ -57,7 +57,13 @@ from adloco_hf.data import (
     load_or_train_tokenizer,
     load_text_corpus,
 )
-from adloco_hf.inspection import PLOT_FILE, checkpoints_newest_first, format_summary, summarize_run
+from adloco_hf.inspection import (
+    PLOT_FILE,
+    check_checkpoint_path,
+    checkpoints_newest_first,
+    format_summary,
+    summarize_run,
+)
 from adloco_hf.presets import MODEL_PRESETS, build_model
 
 
@@ -155,6 +161,8 @@ def resolve_checkpoint(training_args: AdLoCoConfig) -> str | bool | None:
                 "--resume_from_checkpoint auto to start afresh when there is none)"
             )
         return True
+    if checkpoint is not None and checkpoint.lower() != "auto":
+        check_checkpoint_path(checkpoint, training_args.output_dir)  # a path that does not exist
     return checkpoint
 
 
@@ -201,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     # Building AdLoCoConfig initialised the process group, so the data below is prepared by rank 0 first.
     setup_logging(training_args)
     check_world_size(training_args)
+    resume_from_checkpoint = resolve_checkpoint(training_args)  # before the data: a wrong path fails in seconds
     is_main = training_args.process_index == 0
     logger.info(
         "%d worker(s) on %s, backend %s", training_args.world_size, training_args.device, training_args.ddp_backend
@@ -287,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     # The cards name the data: local shards (in C4's schema) by their paths, else the dataset (a Hub id, a corpus).
     local = [path for path in script_args.dataset_files or [] if os.path.isfile(path)]
     trainer.card_details.dataset = ", ".join(local) or script_args.dataset_name
-    result = trainer.train(resume_from_checkpoint=resolve_checkpoint(training_args))
+    result = trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()

@@ -22,6 +22,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from ..common.distributed import WorkerTimeoutError
 from ..common.files import atomic_directory, fsync
+from ..common.logs import quiet_saves
 
 
 __all__ = [
@@ -175,8 +176,9 @@ def save_model_folder(
     """Write a `from_pretrained`-loadable folder atomically: config, `model.safetensors`, tokenizer, card, JSON extras.
 
     Call it on the writing rank only (`save_pretrained` writes on global rank 0 once a process group exists).
+    transformers' line per file, naming the temporary folder, is left out (`common/logs.py`: `quiet_saves`).
     """
-    with atomic_directory(folder) as tmp:
+    with quiet_saves(), atomic_directory(folder) as tmp:
         model.save_pretrained(tmp, state_dict=state_dict, is_main_process=True)
         if processing_class is not None:
             processing_class.save_pretrained(tmp)

@@ -24,6 +24,7 @@ from .folders import RANK_STATE_DIR
 __all__ = [
     "MANIFEST_NAME",
     "CheckpointDamagedError",
+    "check_checkpoint_path",
     "checkpoints_newest_first",
     "file_crc32",
     "newest_intact_checkpoint",
@@ -179,6 +180,35 @@ def newest_intact_checkpoint(output_dir: str) -> str | None:
     return None
 
 
+def _checkpoint_names(folder: str) -> str:
+    return ", ".join(os.path.basename(path) for path in reversed(checkpoints_newest_first(folder)))
+
+
+def check_checkpoint_path(checkpoint: str | os.PathLike, output_dir: str) -> None:
+    """Refuse a checkpoint path that does not exist, or that is a run's output_dir rather than one of its checkpoints,
+    naming the checkpoints that do exist (in `output_dir`, and beside the path). Cheap: no file is read, so a script
+    checks it before building its data (the recipes do); `AdLoCoTrainer.train` checks it again."""
+    path = os.fspath(checkpoint)
+    if os.path.isdir(path) and not os.path.isdir(os.path.join(path, RANK_STATE_DIR)) and _checkpoint_names(path):
+        raise ValueError(
+            f"resume_from_checkpoint={path!r} is a run's output_dir, not a checkpoint: pass one of its checkpoints "
+            f"({_checkpoint_names(path)}), or resume_from_checkpoint=True for the newest (with output_dir={path!r})."
+        )
+    if os.path.exists(path):
+        return
+    found = []
+    for folder in dict.fromkeys([output_dir, os.path.dirname(os.path.abspath(path))]):
+        if names := _checkpoint_names(folder):
+            found.append(f"{folder}: {names}")
+    there = (
+        f"Checkpoints that exist: {'; '.join(found)} (resume_from_checkpoint=True takes the newest of output_dir)."
+        if found
+        else f"No checkpoint-* folder exists in {output_dir} (save_steps writes them): train without "
+        "resume_from_checkpoint to start a new run."
+    )
+    raise FileNotFoundError(f"resume_from_checkpoint={path!r} does not exist. {there}")
+
+
 def resolve_checkpoint(resume_from_checkpoint, output_dir: str):
     """What `Trainer.train(resume_from_checkpoint=...)` should load, verified first: `True` becomes the newest intact
     checkpoint of `output_dir` (stays True when there is none, for the Trainer's own error); `"auto"` the same, or
@@ -193,6 +223,7 @@ def resolve_checkpoint(resume_from_checkpoint, output_dir: str):
         return checkpoint
     if resume_from_checkpoint is True:
         return newest_intact_checkpoint(output_dir) or True
-    if isinstance(resume_from_checkpoint, str | os.PathLike) and os.path.isdir(resume_from_checkpoint):
+    if isinstance(resume_from_checkpoint, str | os.PathLike):
+        check_checkpoint_path(resume_from_checkpoint, output_dir)
         verify_checkpoint(os.fspath(resume_from_checkpoint))
     return resume_from_checkpoint

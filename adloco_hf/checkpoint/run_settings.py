@@ -88,6 +88,9 @@ def run_settings(args, model, *, max_batch_size: int | None = None) -> dict:
     is used, and `"auto"` is left out (on resume the checkpoint's resolved value is kept, whatever it is).
     """
     settings = {name: getattr(args, name) for name in TRAJECTORY_FIELDS + RESTORED_FIELDS + ELASTIC_FIELDS}
+    # What the script asked for: one worker trains one instance of it (`config/launch.py`), and the same script
+    # resumes the run on more workers, or a run merged down to one instance on one worker.
+    settings["num_instances"] = getattr(args, "num_instances_asked", args.num_instances)
     if max_batch_size is None:
         max_batch_size = args.max_batch_size if isinstance(args.max_batch_size, int) else None
     if max_batch_size is None:

@@ -1,6 +1,7 @@
 """Files and folders written atomically: under a temporary name beside their destination, fsynced, then renamed.
 
-A process that dies while writing never leaves a half-written file or folder where a complete one was expected.
+A process that dies while writing never leaves a half-written file or folder where a complete one was expected. What
+is published gets the modes the process's umask allows, whatever the writer underneath chose ([`apply_umask_modes`]).
 """
 
 import contextlib
@@ -11,7 +12,52 @@ import uuid
 from collections.abc import Iterator
 
 
-__all__ = ["atomic_directory", "atomic_write_text", "publish_checkpoint", "publish_files", "replace_directory"]
+__all__ = [
+    "apply_umask_modes",
+    "atomic_directory",
+    "atomic_write_text",
+    "current_umask",
+    "publish_checkpoint",
+    "publish_files",
+    "replace_directory",
+]
+
+
+def current_umask() -> int:
+    """The process's umask. Linux shows it in /proc/self/status (kernel 4.7 on); elsewhere `os.umask` can only read
+    it by setting it, which leaves a moment in which another thread would create its files with the stand-in."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask_modes(root: str) -> None:
+    """Give `root` (a file, or a folder and everything under it) the modes a plain `open` or `mkdir` would under the
+    process's umask: files 0o666 & ~umask (0o777 & ~umask when executable), folders 0o777 & ~umask.
+
+    Why: a writer may create its files through `mkstemp`, whose mode is 0o600 whatever the umask (safetensors 0.8
+    saving for transformers 5.23 does: every `model.safetensors`). On a shared file system no one else could then read
+    a checkpoint or a merged model. A file this process may not change (another user's) keeps its mode.
+    """
+    mask = current_umask()
+    paths = [(root, os.path.isdir(root))]
+    if paths[0][1]:
+        for dirpath, dirnames, filenames in os.walk(root):
+            paths += [(os.path.join(dirpath, name), True) for name in dirnames]
+            paths += [(os.path.join(dirpath, name), False) for name in filenames]
+    for path, is_dir in paths:
+        if os.path.islink(path):
+            continue
+        executable = is_dir or os.stat(path).st_mode & 0o100
+        with contextlib.suppress(PermissionError):
+            os.chmod(path, (0o777 if executable else 0o666) & ~mask)
 
 
 @contextlib.contextmanager
@@ -28,6 +74,7 @@ def atomic_directory(final_dir: str) -> Iterator[str]:
     os.makedirs(tmp)
     try:
         yield tmp
+        apply_umask_modes(tmp)
         _fsync_tree(tmp)
         old = None
         if os.path.exists(final_dir):
@@ -87,6 +134,7 @@ def publish_checkpoint(staging: str, final_dir: str) -> None:
     Every file of `staging` (whichever worker wrote it) is fsynced first: an fsync error is raised before anything
     is renamed, so `final_dir` is left as it was.
     """
+    apply_umask_modes(staging)
     _fsync_tree(staging)
     aside = None
     if os.path.exists(final_dir):

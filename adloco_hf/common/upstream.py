@@ -2,14 +2,16 @@
 
 Nothing else in the package reads a private member of another module (`tests/test_classes.py` checks it): a release
 that renames one of these breaks only its shim, and this page lists what to check when a pinned release moves
-(`common/versions.py` holds the supported ones). Each shim says the release it was checked against.
+(`common/versions.py` holds the supported ones). Each shim says the release it was checked against. The module imports no library at import time (the command line
+reads its argparse shims; `adloco-hf --help` imports neither torch nor transformers).
 """
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+
+if TYPE_CHECKING:
+    import torch
 
 
 __all__ = [
@@ -38,15 +40,19 @@ def default_store():
     `torch.distributed.distributed_c10d._get_default_store`, private but stable since torch 1.x (checked with 2.13).
     The worker monitor, the collective check and preemption post their keys there, so that a worker's state is seen
     without a collective."""
+    import torch.distributed as dist
+
     try:
         return dist.distributed_c10d._get_default_store()
     except Exception:  # pragma: no cover - no default store: callers fall back on collectives
         return None
 
 
-def foreach_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def foreach_norms(tensors: "list[torch.Tensor]") -> "list[torch.Tensor]":
     """The 2-norm of each tensor in one fused call (`torch._foreach_norm`, what `clip_grad_norm_` uses; torch 2.13):
     the gradient statistics read hundreds of parameters' norms every statistics step."""
+    import torch
+
     return list(torch._foreach_norm(tensors, 2))
 
 
@@ -90,7 +96,7 @@ def fingerprint(dataset) -> str:
 
 
 # ---- transformers' Trainer (checked with 5.17 and 5.23) and accelerate (1.15) ----
-def trainer_num_items_in_batch(trainer, inputs: dict, device: torch.device):
+def trainer_num_items_in_batch(trainer, inputs: dict, device: "torch.device"):
     """The items (label tokens that count) `trainer.prediction_step` divides the loss of `inputs` by: a tensor on
     `device`, or None when the loss is a plain mean. `Trainer._get_num_items_in_batch([inputs], device)` is the count
     `prediction_step` itself uses (and subclasses override): an evaluation that multiplies the loss back into a sum,

@@ -15,7 +15,9 @@ from .compat import (
     warn_about_what_works_badly,
     warn_once,
 )
+from .field_names import refuse_unknown_fields
 from .fields import BatchFields, InstanceFields, RoundFields, WorkerFields
+from .launch import fit_instances_to_one_worker, warn_about_a_last_round_cut_short, warn_about_one_process_of_several
 
 
 __all__ = ["AdLoCoConfig"]
@@ -283,6 +285,9 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
         self._form_world_for_this_attempt()
         super().__post_init__()
         check_schedule(self)
+        fit_instances_to_one_worker(self)  # `python train.py` trains one instance (config/launch.py)
+        warn_about_one_process_of_several()
+        warn_about_a_last_round_cut_short(self)
         warn_about_what_works_badly(self)
 
     def _form_cpu_world(self) -> None:
@@ -359,3 +364,6 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             "max_steps",
         ]
         return {name: getattr(self, name) for name in names}
+
+
+AdLoCoConfig.__init__ = refuse_unknown_fields(AdLoCoConfig.__init__, AdLoCoConfig)

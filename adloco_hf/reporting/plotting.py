@@ -1,9 +1,14 @@
-"""Draw an AdLoCo run: a 2×2 figure of its logs over tokens seen.
+"""Draw an AdLoCo run: a figure of its logs over tokens seen.
 
 Global rank 0 writes one line per instance per round to `adloco_rounds.jsonl` and one line per evaluation to
-`adloco_eval.jsonl` in the run's `output_dir` (`adloco_hf.reporting.run_log`, DESIGN §4). `plot_run` draws them: requested
-batch size per worker, number of instances (and, with `batch_size_target="goodput"`, the goodput each round's choice
-was predicted to give, against keeping the batch), losses, and bytes communicated. It only reads the files, so it works
+`adloco_eval.jsonl` in the run's `output_dir` (`adloco_hf.reporting.run_log`, DESIGN §4). `plot_run` draws them: each
+instance's batch per inner step (all its workers) and its request per worker, losses, and below them two strips, the
+number of instances (and, with `batch_size_target="goodput"`, the goodput each round's choice was predicted to give,
+against keeping the batch) and the bytes communicated.
+
+An instance's batch is drawn whole because a merge changes how it is split: with `merge_batch_rule="preserve_total"`
+the survivor keeps its total and its request per worker falls as it gains workers (8 → 4 on twice the workers), which
+drawn alone would look like a batch that shrank. It only reads the files, so it works
 on a finished run, on one still training, and on one that crashed in the middle of writing a line. The summary
 table printed beside the figure is `adloco_hf.reporting.report`'s.
 
@@ -41,6 +46,17 @@ def _round_tokens(by_round: dict[int, list[dict[str, Any]]]) -> dict[int, float]
     return tokens
 
 
+def instance_batch(record: dict[str, Any]) -> float:
+    """An instance's batch per inner step over all its workers in a round: what its workers trained
+    (`worker_batch_sizes`, or `samples` / `inner_steps`), else its request × its workers."""
+    sizes = record.get("worker_batch_sizes")
+    if sizes:
+        return float(sum(sizes))
+    if is_finite_number(record.get("samples")) and record.get("inner_steps"):
+        return record["samples"] / record["inner_steps"]
+    return float(record["batch_size"] * max(len(record.get("workers") or []), 1))
+
+
 def goodput_series(
     per_instance: dict[int, list[dict[str, Any]]], tokens: dict[int, float]
 ) -> dict[int, tuple[list[float], list[float], list[float]]]:
@@ -59,12 +75,13 @@ def goodput_series(
 
 
 def plot_run(output_dir: str | os.PathLike, path: str | os.PathLike | None = None) -> str:
-    """Draw a run's 2×2 overview over tokens seen and save it as a PNG.
+    """Draw a run's overview over tokens seen and save it as a PNG.
 
-    Panels: (a) requested batch size per worker of each instance, with merges marked; (b) number of
-    instances, and with `batch_size_target="goodput"` the predicted goodput of each choice (solid) and of keeping the
-    batch (dotted) on a second axis; (c) train loss per instance (lines) and eval loss per instance and of the merged model
-    (markers); (d) cumulative bytes communicated by all workers.
+    Panels: (a) each instance's batch per inner step over all its workers (solid) and its request per worker
+    (dashed, where it has several workers), with merges marked; (b) train loss per instance (lines) and eval loss per
+    instance and of the merged model (markers); then two strips: (c) the number of instances, and with
+    `batch_size_target="goodput"` the predicted goodput of each choice (solid) and of keeping the batch (dotted) on a
+    second axis; (d) cumulative bytes communicated by all workers.
 
     Args:
         output_dir: the run's `output_dir`.
@@ -97,32 +114,45 @@ def plot_run(output_dir: str | os.PathLike, path: str | os.PathLike | None = Non
     per_instance = {i: [r for r in rounds if r["instance"] == i] for i in instances}
     merged_away = {source for r in rounds for source in r.get("merged_from") or []}
 
+    # The batch and the losses get the room; the instance count and the bytes, one number each per round, a strip.
     fig = Figure(figsize=(13, 8.5), dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 2, sharex=True)
-    (ax_batch, ax_count), (ax_loss, ax_comm) = axes
+    axes = fig.subplots(2, 2, sharex=True, gridspec_kw={"height_ratios": [5, 2]})
+    (ax_batch, ax_loss), (ax_count, ax_comm) = axes
     token_formatter = FuncFormatter(lambda x, _: format_count(x))
 
-    # (a) A request holds over the whole round, so each value is drawn from the round's start to its end.
+    # (a) A batch holds over the whole round, so each value is drawn from the round's start to its end.
+    several_workers = False
     for instance, records in per_instance.items():
         xs = [round_start[records[0]["outer_step"]]] + [tokens[r["outer_step"]] for r in records]
-        ys = [records[0]["batch_size"]] + [r["batch_size"] for r in records]
-        ax_batch.step(xs, ys, where="pre", color=color[instance], lw=2, label=instance_label(instance))
+        totals = [instance_batch(records[0])] + [instance_batch(r) for r in records]
+        ax_batch.step(xs, totals, where="pre", color=color[instance], lw=2, label=instance_label(instance))
+        if any(len(r.get("workers") or []) > 1 for r in records):
+            several_workers = True
+            requests = [records[0]["batch_size"]] + [r["batch_size"] for r in records]
+            ax_batch.step(xs, requests, where="pre", color=color[instance], lw=1, ls="--", alpha=0.8)
         # Stars above crosses (zorder): a survivor and the instance it absorbed can sit on the same point.
         for r in records:
             if r.get("merged_from"):
                 ax_batch.plot(
-                    tokens[r["outer_step"]], r["batch_size"], "*", ms=15, color=color[instance], mec="k", zorder=4
+                    tokens[r["outer_step"]], instance_batch(r), "*", ms=15, color=color[instance], mec="k", zorder=4
                 )
         if instance in merged_away:
-            ax_batch.plot(xs[-1], ys[-1], "X", ms=8, color=color[instance], mec="k", zorder=3)
-    batch_sizes = [r["batch_size"] for r in rounds]
-    if max(batch_sizes) >= 8 * max(min(batch_sizes), 1):
+            ax_batch.plot(xs[-1], totals[-1], "X", ms=8, color=color[instance], mec="k", zorder=3)
+    drawn = [y for line in ax_batch.get_lines() for y in line.get_ydata()]
+    if max(drawn) >= 8 * max(min(drawn), 1):
         ax_batch.set_yscale("log", base=2)
+    else:
+        ax_batch.yaxis.set_major_locator(MaxNLocator(integer=True))  # samples: no tick at 4.5
     ax_batch.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
-    ax_batch.set_title("(a) requested batch size per worker")
-    ax_batch.set_ylabel("samples / worker / inner step")
+    ax_batch.set_title(
+        "(a) batch per inner step: each instance's, all its workers"
+        + (" (solid), and its request per worker (dashed)" if several_workers else "")
+    )
+    ax_batch.set_ylabel("samples / inner step")
     handles, _ = ax_batch.get_legend_handles_labels()
+    if several_workers:
+        handles.append(Line2D([], [], lw=1, ls="--", color="0.4", label="request per worker"))
     if merged_away:
         handles += [
             Line2D([], [], ls="", marker="*", ms=12, color="0.6", mec="k", label="merge (survivor)"),
@@ -130,13 +160,13 @@ def plot_run(output_dir: str | os.PathLike, path: str | os.PathLike | None = Non
         ]
     ax_batch.legend(handles=handles, fontsize=9, ncols=2 if len(handles) > 6 else 1, loc="best")
 
-    # (b) num_instances is logged after the round's merge: the count changes at the round's end.
+    # (c) num_instances is logged after the round's merge: the count changes at the round's end.
     count_x = [0.0] + [tokens[step] for step in steps]
     count_y = [summary["initial_instances"]] + [records[-1]["num_instances"] for records in by_round.values()]
     ax_count.step(count_x, count_y, where="post", color="k", lw=2)
     ax_count.set_ylim(0, max(count_y) + 0.5)
     ax_count.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax_count.set_title("(b) number of instances")
+    ax_count.set_title("(c) number of instances")
     ax_count.set_ylabel("instances")
     goodput = goodput_series(per_instance, tokens)
     if goodput:
@@ -146,9 +176,9 @@ def plot_run(output_dir: str | os.PathLike, path: str | os.PathLike | None = Non
             ax_good.plot(xs, kept, ":", color=color[instance], lw=1.5)
         ax_good.set_ylabel("predicted goodput (samples/s at the initial batch's worth)")
         ax_good.set_ylim(bottom=0)
-        ax_count.set_title("(b) number of instances (black); predicted goodput: chosen (solid), kept (dotted)")
+        ax_count.set_title("(c) number of instances (black); predicted goodput: chosen (solid), kept (dotted)")
 
-    # (c) NaN losses become gaps in the lines instead of breaking the axis limits.
+    # (b) NaN losses become gaps in the lines instead of breaking the axis limits.
     any_loss = False
     for instance, records in per_instance.items():
         losses = [r["train_loss"] if is_finite_number(r.get("train_loss")) else np.nan for r in records]
@@ -184,7 +214,7 @@ def plot_run(output_dir: str | os.PathLike, path: str | os.PathLike | None = Non
     if any(e.get("instance") == MERGED for e in evals):
         legend.append(Line2D([], [], ls="", marker="D", ms=8, color="k", label=f"{eval_name} (merged model)"))
     ax_loss.legend(handles=legend, fontsize=9, loc="best")
-    ax_loss.set_title("(c) loss")
+    ax_loss.set_title("(b) loss")
     ax_loss.set_ylabel("cross-entropy")
 
     # (d) Everything every worker sent, so instances with more workers weigh more. Plotted in the unit of the

@@ -18,7 +18,7 @@ def run_summary(state: AdLoCoState, world_size: int, processes_per_worker: int =
     round are left out: no step ran them (a card adds the batch that ran, from the rounds file)."""
     summary = {
         "rounds": state.rounds,
-        "inner steps": state.last_round_step,
+        "steps per worker": state.last_round_step,  # the global step; H is the settings' inner_steps
         "workers": world_size // processes_per_worker,
         "instances at the end": state.num_instances,
         "merges": state.merges,

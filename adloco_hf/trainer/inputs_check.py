@@ -6,6 +6,10 @@ the Trainer's `remove_unused_columns` (logged at INFO as "ignored"), and step 0 
 were created. [`check_first_batch`] builds one batch of a single sample the way the loader will (columns removed,
 then the data collator) and raises, before anything is written, an error naming the columns found, the ones the
 model takes, and the fixes.
+
+A dataset of raw text (a `text` column of strings) would lose every column to `remove_unused_columns`, and the
+Trainer's own error then advises `remove_unused_columns=False`, which is no fix: the model reads token ids.
+[`check_not_text`] says to tokenise instead, before that.
 """
 
 import contextlib
@@ -21,7 +25,7 @@ from transformers import Trainer
 from ..common.upstream import trainer_collator_with_removed_columns, trainer_remove_unused_columns
 
 
-__all__ = ["check_first_batch", "check_eval_batches"]
+__all__ = ["check_eval_batches", "check_first_batch", "check_not_text"]
 
 # Parameters of a forward signature that are not inputs a dataset column could fill.
 _NOT_COLUMNS = ("self", "args", "kwargs", "return_dict", "output_attentions", "output_hidden_states", "use_cache")
@@ -62,6 +66,41 @@ def _owns_its_inputs(trainer: Trainer) -> bool:
     """A `compute_loss` of the user's (or a `compute_loss_func`) may read any key of the batch: nothing to check."""
     return getattr(trainer, "compute_loss_func", None) is not None or type(trainer).compute_loss is not (
         Trainer.compute_loss
+    )
+
+
+def _text_columns(dataset: Any, columns: list[str]) -> list[str]:
+    """The columns of `dataset` that hold strings (from a `datasets` schema, else from its first sample)."""
+    features = getattr(dataset, "features", None)
+    if isinstance(features, Mapping):
+        return [name for name in columns if getattr(features.get(name), "dtype", None) in ("string", "large_string")]
+    with contextlib.suppress(Exception), _random_states_kept():
+        sample = dataset[0]
+        return [name for name in columns if isinstance(sample.get(name), str)]
+    return []
+
+
+def check_not_text(trainer: Trainer, dataset: Any, description: str = "training") -> None:
+    """Raise `ValueError` for a dataset of text that the Trainer would strip of every column: no column the model
+    takes, at least one of strings, `remove_unused_columns=True` (with it off, a collator may tokenise)."""
+    if dataset is None or not trainer.args.remove_unused_columns or _owns_its_inputs(trainer):
+        return
+    columns = _columns(dataset)
+    forward = _forward_inputs(trainer)
+    if not columns or any(name in forward or name in trainer.label_names for name in columns):
+        return
+    text = _text_columns(dataset, columns)
+    if not text:
+        return
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    main_input = getattr(model, "main_input_name", "input_ids")
+    raise ValueError(
+        f"AdLoCoTrainer: the {description} dataset holds text (column(s) {text} of strings), not the token ids "
+        f"{type(model).__name__} takes ({main_input!r}). Tokenise it first: adloco_hf.data.build_lm_datasets(texts, "
+        "tokenizer, block_size=128) packs a dataset of text into blocks of input_ids and labels (the README's "
+        f"example), or dataset.map(lambda batch: tokenizer(batch[{text[0]!r}]), batched=True, "
+        f"remove_columns={columns}) with data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False). "
+        "(remove_unused_columns=False alone would hand the model strings.)"
     )
 
 
@@ -123,10 +162,11 @@ def check_eval_batches(trainer: Trainer) -> None:
     for name, original in evals.items():
         if isinstance(original, torch.utils.data.IterableDataset):
             continue
+        description = "evaluation" if name is None else f"evaluation ({name!r})"
+        check_not_text(trainer, original, description)
         collator = trainer.data_collator
         if isinstance(original, datasets.Dataset):
             dataset = trainer_remove_unused_columns(trainer, original, "evaluation")
         else:
             dataset, collator = original, trainer_collator_with_removed_columns(trainer, collator, "evaluation")
-        description = "evaluation" if name is None else f"evaluation ({name!r})"
         check_first_batch(trainer, dataset, collator, original=original, description=description)

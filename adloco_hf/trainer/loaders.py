@@ -9,7 +9,7 @@ from ..common.upstream import trainer_collator_with_removed_columns, trainer_rem
 from ..sampling.sampler import AdaptiveBatchSampler, adaptive_train_loader
 from ..sampling.stream_parts import is_stream
 from ..sampling.stream_sampler import AdaptiveStreamSampler, adaptive_stream_loader
-from .inputs_check import check_eval_batches, check_first_batch
+from .inputs_check import check_eval_batches, check_first_batch, check_not_text
 
 
 __all__ = ["train_loader"]
@@ -23,6 +23,7 @@ def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | A
     Called before training starts (before any worker sets up its rounds or writes a file): a map-style dataset's
     first batch, and every evaluation set's, must hold the model's input (`inputs_check.py`)."""
     args, dataset, collator = trainer.args, trainer.train_dataset, trainer.data_collator
+    check_not_text(trainer, dataset)  # before the Trainer strips a text dataset of every column
     if is_stream(dataset):
         loader = adaptive_stream_loader(
             dataset,

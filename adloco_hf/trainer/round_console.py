@@ -15,6 +15,9 @@ request). Those lines are left out; the steps and the trainable parameters stay,
 
 **Warnings.** Every worker aligns the same model with the same tokenizer: the Trainer's PAD/BOS/EOS warning is
 printed by global rank 0 only.
+
+**Beside the bar.** While training runs, a log line never continues the progress bar's line, on a terminal or in a
+log file (`common/logs.py`: `lines_above_the_bar`).
 """
 
 import contextlib
@@ -23,7 +26,7 @@ from collections.abc import Iterator
 
 from transformers.trainer_callback import CallbackHandler, PrinterCallback, ProgressCallback
 
-from ..common.logs import leave_out_lines, restart_rate_estimate
+from ..common.logs import leave_out_lines, lines_above_the_bar, restart_rate_estimate
 from ..rounds.log_lines import round_logs, round_message
 from ..rounds.state import RoundResult
 from ..worker.round_end import logger as round_logger
@@ -110,12 +113,12 @@ def show_round_line(handler: CallbackHandler, is_world_process_zero: bool, line:
 
 @contextlib.contextmanager
 def quiet_console(is_world_process_zero: bool) -> Iterator[None]:
-    """Inside `train()`: the Trainer's banner without its fixed-batch lines, and the warnings every worker would
-    print alike left to global rank 0."""
+    """Inside `train()`: the Trainer's banner without its fixed-batch lines, the warnings every worker would print
+    alike left to global rank 0, and log lines kept off the progress bar's line."""
     lines = {"transformers.trainer": FIXED_BATCH_BANNER}
     if not is_world_process_zero:
         lines.update(SAME_ON_EVERY_WORKER)
-    with leave_out_lines(lines):
+    with leave_out_lines(lines), lines_above_the_bar():
         yield
 
 

@@ -17,6 +17,7 @@ from ..checkpoint.folders import save_errors, save_rank_state
 from ..checkpoint.manifest import record_own_files, write_manifest
 from ..checkpoint.run_settings import run_settings, save_run_settings
 from ..common.files import publish_checkpoint
+from ..common.logs import get_logger, quiet_saves
 from ..common.upstream import (
     trainer_output_dir,
     trainer_save_optimizer_and_scheduler,
@@ -27,6 +28,8 @@ from ..worker.core import Worker
 
 
 __all__ = ["save_staged_checkpoint"]
+
+logger = get_logger(__name__)
 
 TRAINER_STATE_NAME = "trainer_state.json"
 
@@ -50,7 +53,7 @@ def save_staged_checkpoint(trainer: Trainer, worker: Worker, trial=None) -> None
     monitor.check(f"{checkpoint} (staging folder)", hint)
     if trainer.hp_search_backend is None and trial is None:
         trainer.store_flos()
-    with save_errors(final_dir, run_dir, monitor.report):
+    with save_errors(final_dir, run_dir, monitor.report), quiet_saves():  # one line when published, not one per file
         trainer.save_model(staging, _internal_call=True)
         if not trainer.args.save_only_model:
             trainer_save_optimizer_and_scheduler(trainer, staging)
@@ -88,3 +91,5 @@ def save_staged_checkpoint(trainer: Trainer, worker: Worker, trial=None) -> None
                 use_mtime=True,
             )
     monitor.check(f"{checkpoint} (published)", hint)
+    if trainer.args.should_save:
+        logger.info("saved %s", final_dir)

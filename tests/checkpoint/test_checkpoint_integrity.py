@@ -188,11 +188,32 @@ def test_an_explicit_checkpoint_is_verified_and_other_values_pass_through(tmp_pa
     assert resolve_checkpoint(folder, str(tmp_path)) == folder
     assert resolve_checkpoint(None, str(tmp_path)) is None
     assert resolve_checkpoint(False, str(tmp_path)) is False
-    missing = str(tmp_path / "nowhere")
-    assert resolve_checkpoint(missing, str(tmp_path)) == missing  # the Trainer says it cannot find it
     os.remove(os.path.join(folder, "model.safetensors"))
     with pytest.raises(CheckpointDamagedError, match="model.safetensors is missing"):
         resolve_checkpoint(folder, str(tmp_path))
+
+
+def test_a_checkpoint_that_does_not_exist_is_named_with_the_ones_that_do(tmp_path):
+    """It was diagnosed as a folder "not written by AdLoCoTrainer", to start afresh from its weights (issue 41)."""
+    out = tmp_path / "out"
+    with pytest.raises(FileNotFoundError) as error:
+        resolve_checkpoint(str(tmp_path / "x" / "does-not-exist"), str(out))
+    message = str(error.value)
+    assert message.startswith(f"resume_from_checkpoint={str(tmp_path / 'x' / 'does-not-exist')!r} does not exist.")
+    assert f"No checkpoint-* folder exists in {out}" in message and "not written by" not in message
+    for step in (5, 10):
+        make_checkpoint(out / f"checkpoint-{step}")
+    with pytest.raises(FileNotFoundError) as error:
+        resolve_checkpoint(str(out / "checkpoint-15"), str(out))
+    assert f"Checkpoints that exist: {out}: checkpoint-5, checkpoint-10" in str(error.value), str(error.value)
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'elsewhere'}: checkpoint-7"):  # beside the path too
+        make_checkpoint(tmp_path / "elsewhere" / "checkpoint-7")
+        resolve_checkpoint(str(tmp_path / "elsewhere" / "checkpoint-8"), str(out))
+    # A run's output_dir in place of one of its checkpoints.
+    with pytest.raises(
+        ValueError, match=r"is a run's output_dir, not a checkpoint: .*\(checkpoint-5, checkpoint-10\)"
+    ):
+        resolve_checkpoint(str(out), str(out))
 
 
 # ---- every worker's state, with or without a manifest ----

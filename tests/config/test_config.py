@@ -88,7 +88,8 @@ def test_command_line_parsing_of_adloco_fields(tmp_path):
         ]
     )  # fmt: skip
     assert args.max_batch_size == 16 and isinstance(args.max_batch_size, int)
-    assert (args.num_instances, args.outer_nesterov, args.batch_size_cap, args.pseudo_grad_dtype) == (
+    # num_instances as parsed (this one process trains 1 of them: config/launch.py).
+    assert (args.num_instances_asked, args.outer_nesterov, args.batch_size_cap, args.pseudo_grad_dtype) == (
         2,
         False,
         64,
@@ -101,8 +102,9 @@ def test_command_line_parsing_of_adloco_fields(tmp_path):
 
 
 def test_adloco_settings_for_model_cards(tmp_path):
-    settings = make(tmp_path, num_instances=3).adloco_settings
-    assert settings["num_instances"] == 3 and settings["inner_steps"] == 10
+    settings = make(tmp_path, num_instances=3, merge_every=5).adloco_settings
+    assert settings["merge_every"] == 5 and settings["inner_steps"] == 10
+    assert settings["num_instances"] == 1  # what one process trains (config/launch.py), as the cards say
     assert settings["merge_transport"] == "all_reduce"  # the default
     assert make(tmp_path, merge_transport="point_to_point").adloco_settings["merge_transport"] == "point_to_point"
 

@@ -14,6 +14,7 @@ import os
 import random
 import re
 import shlex
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -112,6 +113,10 @@ def recipe_run(command: Command) -> RecipeRun | None:
     tokens = shlex.split(command.text, comments=True)
     if tokens and tokens[0] == "sudo":
         tokens = tokens[1:]
+    if tokens and tokens[0] == "srun":  # SLURM runs the launcher on every node (docs/multi_node.md)
+        tokens = tokens[1:]
+        while tokens and tokens[0].startswith("-"):
+            tokens = tokens[1:]
     env = {}
     while tokens and ENV_ASSIGNMENT.match(tokens[0]):
         key, _, value = tokens.pop(0).partition("=")
@@ -355,11 +360,37 @@ def test_the_readme_fine_tune_command_and_plot_run_as_written(tmp_path):
     run_as_documented(finetune, tmp_path, TINY)
     results = json.loads((tmp_path / output_dir / "finetune_results.json").read_text())
     assert results["perplexity_after"] < results["perplexity_before"], results
+    # An evaluation at every round's end and the merged model's at the end: the run's plot has its eval points (the
+    # recipe left adloco_eval.jsonl empty before, issue 41).
+    evals = [json.loads(line) for line in open(tmp_path / output_dir / "adloco_eval.jsonl")]
+    assert [(e["global_step"], e["instance"]) for e in evals] == [(10, 0), (20, 0), (20, "merged")], evals
 
     plot = next(run for run in RUNS if run.module == "recipes.plot_run" and run.args == ["OUTPUT_DIR"])
     plot = RecipeRun(plot.command, plot.module, [output_dir], plot.env, plot.launcher)
     summary = run_as_documented(plot, tmp_path, [])
     assert (tmp_path / output_dir / "adloco_run.png").stat().st_size > 0, summary.stdout
+
+
+def test_the_readme_quotes_no_test_count():
+    """A count of tests drifts with every change (the README said 900 where `make test` collected 1,701): the
+    README names the suite, the collection counts it."""
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    assert not re.search(r"\d[\d,]* tests\b", text), re.findall(r".{40}\d[\d,]* tests\b.{10}", text)
+
+
+def test_the_docs_round_lines_use_the_consoles_units():
+    """Every round line quoted in the README and docs/ spells its bytes as the console does (`format_bytes`: B, KiB,
+    MiB, ...): docs/outputs.md showed "sent 6.2 MB" where the console prints MiB."""
+    from adloco_hf.common.formats import format_bytes
+
+    units = {format_bytes(1024**power * 3).split()[-1] for power in range(5)}
+    quoted = [
+        (relative(path), match.group(1))
+        for path in DOC_FILES
+        for match in re.finditer(r"round \d+ \(step \d+\) \|[^\n`]*?\| sent [\d.]+ (\w+)", open(path).read())
+    ]
+    assert quoted, "no round line quoted in the docs"
+    assert all(unit in units for _, unit in quoted), [q for q in quoted if q[1] not in units]
 
 
 # ---- links and the configuration page ----
@@ -456,9 +487,63 @@ def test_the_first_example_of_the_readme_trains_on_cpu_workers(tmp_path):
     assert builds == ["_tokenize_and_pack rank 0", "_train_byte_level_bpe rank 0"], builds
 
 
-def test_the_readme_example_checks_its_config_before_building_any_data(tmp_path, monkeypatch):
-    """The example run with a config mistake (eval_steps not a multiple of inner_steps): AdLoCoConfig refuses it
-    before the corpus is read, the tokenizer trained, the data packed or the model built."""
+def test_the_first_example_of_the_readme_runs_as_written_with_python(tmp_path):
+    """`python train.py`, one process: it was refused in train() after the data was built ("num_instances=2 exceeds
+    the 1 worker(s)"), although the example says it runs as written on a laptop CPU (issue 41). It trains one
+    instance, warns, writes the README's files with the modes umask 022 gives, and into a log file (not a terminal)
+    prints each round line on a line of its own, without transformers' lines for every file of a save."""
+    code = readme_example().replace("max_steps=200", "max_steps=40").replace("eval_steps=100", "eval_steps=40")
+    code = code.replace('"out"', repr(str(tmp_path / "out"))).replace('"cache"', repr(str(tmp_path / "cache")))
+    (tmp_path / "train.py").write_text(code)
+    env = os.environ | {
+        "PYTHONPATH": REPO,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "MPLCONFIGDIR": str(tmp_path / "mpl"),
+        "OMP_NUM_THREADS": "2",
+    }
+    log = tmp_path / "train.log"
+    with open(log, "w") as f:
+        result = subprocess.run(
+            [sys.executable, "train.py"], cwd=tmp_path, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=600,
+            umask=0o022,
+        )  # fmt: skip
+    output = log.read_text()
+    assert result.returncode == 0, output[-6000:]
+    assert "num_instances=2, but this launch has one process (`python train.py`)" in output, output[-6000:]
+    out = tmp_path / "out"
+    for name in ("adloco_rounds.jsonl", "adloco_eval.jsonl", "adloco_run.png", "merged/model.safetensors"):
+        assert (out / name).is_file(), name
+    modes = {
+        os.path.relpath(os.path.join(folder, name), out): stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode)
+        for folder, folders, files in os.walk(out)
+        for name in folders + files
+    }
+    expected = {path: 0o755 if (out / path).is_dir() else 0o644 for path in modes}
+    assert modes == expected, {path: oct(mode) for path, mode in modes.items() if mode != expected[path]}
+    assert "merged/model.safetensors" in modes and "checkpoint-40/model.safetensors" in modes, sorted(modes)
+    rounds = [line for line in output.split("\n") if "round " in line and "(step " in line]
+    assert len(rounds) == 2 and all(line.startswith("[transformers] round ") for line in rounds), rounds
+    assert "Configuration saved in" not in output and ".tmp-" not in output
+    assert f"saved {out / 'checkpoint-40'}" in output
+
+
+@pytest.mark.parametrize(
+    ("written", "mistake", "error", "words"),
+    [
+        ("eval_steps=100", "eval_steps=30", ValueError, "eval_steps=30 is not a multiple of inner_steps=20"),
+        ("inner_steps=20,", "inner_step=20,", TypeError, "no field inner_step=20 (did you mean inner_steps"),
+        ("batch_size_cap=32,", "batch_size_cap=1,", ValueError, "batch_size_cap=1 is below the initial request"),
+        ("max_steps=200,", "max_steps=10,", ValueError, "inner_steps=20 is more than max_steps=10"),
+    ],
+    ids=["eval_steps", "misspelt field", "batch_size_cap", "max_steps"],
+)
+def test_the_readme_example_checks_its_config_before_building_any_data(
+    tmp_path, monkeypatch, written, mistake, error, words
+):
+    """The example run with a config mistake: AdLoCoConfig refuses it before the corpus is read, the tokenizer
+    trained, the data packed or the model built, naming the field."""
     import adloco_hf.data
     import adloco_hf.presets
 
@@ -476,9 +561,10 @@ def test_the_readme_example_checks_its_config_before_building_any_data(tmp_path,
     ]:
         monkeypatch.setattr(module, name, too_early(name))
     code = readme_example().replace('"out"', repr(str(tmp_path / "out"))).replace('"cache"', repr(str(tmp_path)))
-    assert "eval_steps=100" in code
-    with pytest.raises(ValueError, match="eval_steps"):
-        exec(compile(code.replace("eval_steps=100", "eval_steps=30"), "README.md", "exec"), {})
+    assert written in code
+    with pytest.raises(error) as raised:
+        exec(compile(code.replace(written, mistake, 1), "README.md", "exec"), {})
+    assert words in str(raised.value), raised.value
 
 
 def test_the_readme_example_prepares_its_data_under_main_process_first():

@@ -4,6 +4,7 @@ import ast
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -17,12 +18,40 @@ from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.commands import main
 
 
-def adloco_hf_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    """The entry point as a user runs it (`adloco-hf ARGS` is `python -m adloco_hf.cli ARGS`)."""
+def adloco_hf_cli(*args: str, cwd=None, umask: int = -1) -> subprocess.CompletedProcess:
+    """The entry point as a user runs it (`adloco-hf ARGS` is `python -m adloco_hf.cli ARGS`), under `umask` if given."""
     env = os.environ | {"PYTHONPATH": REPO, "MPLCONFIGDIR": "/tmp/adloco-mpl", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "adloco_hf.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-    )
+    command = [sys.executable, "-m", "adloco_hf.cli", *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120, umask=umask)
+
+
+# What a command imported, printed at its exit (`--help` exits through argparse's SystemExit).
+IMPORTS_AT_EXIT = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('imported:', sorted(m for m in ('torch', 'transformers', 'peft', 'datasets') "
+    "if m in sys.modules)))\n"
+    "from adloco_hf.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def test_help_summary_and_plot_import_neither_torch_nor_transformers(run, tmp_path):
+    """`adloco-hf --help` took 11-21 s on 2 busy cores, `import adloco_hf` about 8 (issue 41): both imported torch,
+    transformers' Trainer and peft, which they do not use. Checked by what they import, not by a time."""
+    env = os.environ | {"PYTHONPATH": REPO, "MPLCONFIGDIR": str(tmp_path / "mpl")}
+    for args in (["--help"], ["summary", run], ["plot", run, "--out", str(tmp_path / "run.png")]):
+        result = subprocess.run(
+            [sys.executable, "-c", IMPORTS_AT_EXIT, *args], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip().endswith("imported: []"), (args, result.stdout[-500:])
+    lazy = "import sys, adloco_hf; print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", lazy], env=env, capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
+    # ...and the public names still load on first use.
+    named = "import adloco_hf; print(adloco_hf.AdLoCoTrainer.__name__, adloco_hf.norm_test.__name__)"
+    result = subprocess.run([sys.executable, "-c", named], env=env, capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "AdLoCoTrainer norm_test", result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +140,12 @@ def test_verify_checks_every_checkpoint_and_model_and_names_a_damaged_file(run, 
 
 def test_export_writes_a_plain_folder_that_loads_the_merged_weights(run, tmp_path, capsys):
     dest = tmp_path / "exported"
-    result = adloco_hf_cli("export", run, str(dest), "--dtype", "bfloat16")
+    result = adloco_hf_cli("export", run, str(dest), "--dtype", "bfloat16", umask=0o022)
     assert result.returncode == 0, result.stderr
+    # save_pretrained writes model.safetensors with mode 0600 (transformers 5.23, safetensors 0.8): the export gets the
+    # umask's modes, so that others can read it on a shared file system.
+    modes = {name: stat.S_IMODE(os.stat(dest / name).st_mode) for name in os.listdir(dest)}
+    assert set(modes.values()) == {0o644}, modes
     assert "LlamaForCausalLM" in result.stdout
     assert sorted(os.listdir(dest)) == [
         "README.md",

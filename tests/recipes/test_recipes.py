@@ -69,7 +69,8 @@ def test_yaml_values_are_used(pretrain, tmp_path):
     assert script_args.model_name_or_path == "tiny"
     assert script_args.dataset_files == ["a.jsonl", "b.jsonl"]
     assert script_args.block_size == 64
-    assert (args.max_steps, args.inner_steps, args.num_instances, args.max_batch_size) == (40, 20, 2, 8)
+    # num_instances as the file sets it (this one process trains 1 of them: config/launch.py).
+    assert (args.max_steps, args.inner_steps, args.num_instances_asked, args.max_batch_size) == (40, 20, 2, 8)
     assert args.learning_rate == 2e-5 and isinstance(args.learning_rate, float)
     assert args.eval_steps == 20  # AdLoCoConfig's own default still applies to what the file does not set
     assert script_args.tokenizer_vocab_size == 4096
@@ -332,6 +333,23 @@ def write_notes(path: Path, documents: int = 80) -> None:
 
 
 @pytest.mark.multiprocess
+def test_a_checkpoint_that_does_not_exist_fails_before_the_data_is_built(tmp_path):
+    """`--resume_from_checkpoint PATH` was checked in train(), after the corpus was read, the tokenizer trained and
+    the data packed, and diagnosed as a folder "not written by AdLoCoTrainer" (issue 41)."""
+    missing = tmp_path / "out" / "checkpoint-99"
+    command = [
+        sys.executable, str(RECIPES / "pretrain_c4.py"), "--config", str(FIXTURE), "--output_dir",
+        str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"), "--resume_from_checkpoint", str(missing),
+    ]  # fmt: skip
+    env = (
+        os.environ | HERMETIC_ENV | {"HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    )
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode != 0
+    assert f"FileNotFoundError: resume_from_checkpoint={str(missing)!r} does not exist" in result.stderr, result.stderr
+    assert not (tmp_path / "cache").exists()  # no tokenizer trained, no data packed
+
+
 def test_finetune_recipe_lowers_perplexity(pretrained_run, tmp_path):
     merged = pretrained_run[0] / "merged"
     notes = tmp_path / "notes.jsonl"
@@ -374,6 +392,8 @@ def test_finetune_recipe_lowers_perplexity(pretrained_run, tmp_path):
 
     results = json.loads((out / "finetune_results.json").read_text())
     before, after = results["perplexity_before"], results["perplexity_after"]
+    evals = [json.loads(line) for line in open(out / "adloco_eval.jsonl")]  # every round's evaluation, and merged/'s
+    assert [(e["global_step"], e["instance"]) for e in evals] == [(10, 0), (20, 0), (20, "merged")], evals
     assert math.isfinite(before) and math.isfinite(after)
     assert after < before, results
     assert (out / "merged" / "model.safetensors").is_file()

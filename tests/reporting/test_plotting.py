@@ -314,3 +314,49 @@ def test_cli(run_dir, tmp_path):
     )
     assert missing.returncode != 0
     assert "adloco_rounds.jsonl" in missing.stderr
+
+
+def preserve_total_run() -> list[dict]:
+    """2 workers, 2 instances of 8 samples per worker; they merge after round 2 and, with
+    `merge_batch_rule="preserve_total"`, the survivor keeps its 8 samples per inner step over its 2 workers (4 each);
+    then the test grows its request to 5 per worker (round 4)."""
+    rounds = []
+    for step in range(1, 5):
+        if step <= 2:
+            table = [(0, [0], 8, [8]), (1, [1], 8, [8])]
+        else:
+            table = [(0, [0, 1], 4 + step - 3, [4 + step - 3] * 2)]
+        for instance, workers, request, sizes in table:
+            rounds.append(
+                {
+                    "outer_step": step, "global_step": 10 * step, "instance": instance, "workers": workers,
+                    "batch_size": request, "next_batch_size": request, "samples": 10 * sum(sizes),
+                    "inner_steps": 10, "worker_batch_sizes": sizes, "tokens": 320 * sum(sizes),
+                    "total_tokens": 10_000 * step, "train_loss": 5.0 - 0.1 * step, "comm_bytes": 1000 * len(workers),
+                    "merged_from": [1] if (step, instance) == (2, 0) else [], "num_instances": 1 if step >= 2 else 2,
+                }
+            )  # fmt: skip
+    return rounds
+
+
+def test_the_plot_draws_an_instances_whole_batch_so_a_merge_is_no_shrink(tmp_path, monkeypatch):
+    """Issue 41: after a `preserve_total` merge the per-worker request fell 8 → 4 and the plot showed it as a batch
+    that shrank; its ticks fell on 4.5 samples; the instance count took a quarter of the figure."""
+    write_jsonl(tmp_path / "adloco_rounds.jsonl", preserve_total_run())
+    saved = []
+    original = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), original(fig, *a, **k))
+    )
+    check_png(Path(plot_run(tmp_path)))
+    fig = saved[0]
+    (batch,) = [ax for ax in fig.axes if ax.get_title().startswith("(a)")]
+    survivor = next(line for line in batch.get_lines() if line.get_label() == "instance 0")
+    assert list(survivor.get_ydata()) == [8, 8, 8, 8, 10]  # its whole batch: no drop at the merge
+    dashed = [list(line.get_ydata()) for line in batch.get_lines() if line.get_linestyle() == "--"]
+    assert dashed == [[8, 8, 8, 4, 5]]  # and its request per worker, which the merge halved
+    ticks = [tick for tick in batch.get_yticks() if batch.get_ylim()[0] <= tick <= batch.get_ylim()[1]]
+    assert ticks and all(float(tick).is_integer() for tick in ticks), ticks
+    (count,) = [ax for ax in fig.axes if ax.get_title().startswith("(c) number of instances")]
+    box = count.get_position()
+    assert box.width * box.height < 0.15, box  # a strip, not a quarter of the figure

@@ -189,6 +189,9 @@ def test_logs_message_summary_and_merge_record():
     record = merge_record(decision.merge, 1)
     assert record["instances"] == [0, 1] and sum(record["weights"]) == pytest.approx(1.0)
     assert not any("batch" in key for key in run_summary(state, 2))  # the next requests never ran (cards: the used)
+    # The cards' "inner steps | 200" was the run's step count, read as H (issue 41): the row says what it counts.
+    summary = run_summary(state, 2)
+    assert summary["steps per worker"] == 10 and summary["rounds"] == 1 and "inner steps" not in summary
 
 
 def test_logs_tell_the_batch_used_in_the_round_from_the_next_request():

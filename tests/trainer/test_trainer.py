@@ -4,6 +4,7 @@ import json
 import math
 import os
 
+import datasets
 import pytest
 import torch
 from helpers import CONTRACT_ROUND_KEYS as ROUND_KEYS
@@ -194,10 +195,27 @@ def test_bf16_on_cpu_runs_and_learns(tmp_path):
     assert trainer.accelerator.mixed_precision == "bf16"
 
 
+def test_a_missing_checkpoint_and_a_dataset_of_text_are_named_before_training(tmp_path):
+    """Issue 41: a checkpoint path that does not exist was diagnosed as a folder not written by AdLoCoTrainer; a
+    dataset of text got the Trainer's advice to set remove_unused_columns=False (the fix is to tokenise)."""
+    args = config(tmp_path, eval_strategy="steps", eval_steps=6)
+    data, text = sequence_dataset(64), datasets.Dataset.from_dict({"text": ["the cat sat on the mat"] * 64})
+    trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=data, eval_dataset=data)
+    missing = str(tmp_path / "x" / "does-not-exist")
+    with pytest.raises(FileNotFoundError, match=f"resume_from_checkpoint={missing!r} does not exist"):
+        trainer.train(resume_from_checkpoint=missing)
+    for train, evaluate, which in [(text, data, "training"), (data, text, "evaluation")]:
+        trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=train, eval_dataset=evaluate)
+        with pytest.raises(ValueError) as error:
+            trainer.train()
+        message = str(error.value)
+        assert f"the {which} dataset holds text (column(s) ['text'] of strings)" in message, message
+        assert "Tokenise it first: adloco_hf.data.build_lm_datasets(" in message
+    assert not os.path.exists(os.path.join(args.output_dir, "adloco_rounds.jsonl"))
+
+
 def test_bad_input_is_refused_before_training(tmp_path):
     data = sequence_dataset(64)
-    with pytest.raises(ValueError, match="num_instances=2 exceeds the 1 worker"):
-        AdLoCoTrainer(model=tiny_model(), args=config(tmp_path, num_instances=2), train_dataset=data).train()
     with pytest.raises(ValueError, match="eval_dataset"):
         AdLoCoTrainer(
             model=tiny_model(), args=config(tmp_path, eval_strategy="steps", eval_steps=6), train_dataset=data

@@ -114,7 +114,6 @@ def test_the_settings_hold_the_configs_values(tmp_path):
         use_cpu=True,
         report_to=[],
         save_strategy="no",
-        num_instances=3,
         instance_init="independent",
         worker_timeout=123.0,
         preemption_grace_seconds=9.5,
@@ -139,6 +138,7 @@ def test_the_settings_hold_the_configs_values(tmp_path):
         outer_overlap_local_weight=0.25,
         eval_merged_model=True,
     )
+    args.num_instances = 3  # as a launch of 3 workers holds it (one process trains one instance: config/launch.py)
     settings = WorkerSettings.from_args(args)
     assert settings == WorkerSettings(
         processes_per_worker=1,
