@@ -176,7 +176,7 @@ class AdLoCoTrainer(Trainer):
         Another run's checkpoints or merges in `output_dir` are named in a warning (`reporting/earlier_run.py`)."""
         self._preempted_at, self.cards.plot = None, None
         resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
-        check_workers_for_instances(self.worker, resume_from_checkpoint)
+        check_workers_for_instances(self.worker.checkpoint_view(), resume_from_checkpoint)
         if self.is_world_process_zero():
             warn_about_earlier_run(self.args.output_dir, resume_from_checkpoint)
         self.hub.error = None
@@ -258,7 +258,7 @@ class AdLoCoTrainer(Trainer):
     # ---- checkpoints: per-worker state, written atomically ----
     def _save_checkpoint(self, model, trial) -> None:
         """Every worker's state, staged and renamed into place once all have written (see `trainer/staged_save.py`)."""
-        save_staged_checkpoint(self, self.worker, trial)
+        save_staged_checkpoint(self, self.worker.checkpoint_view(), trial)
 
     @collective(
         "save_model()",
@@ -293,7 +293,7 @@ class AdLoCoTrainer(Trainer):
         refusing changed settings that define the run (`checkpoint/run_settings.py`). A checkpoint written by another number of
         workers is an elastic resume (`checkpoint/elastic.py`): its refusals come before anything is loaded (`checkpoint_load.py`)."""
         load_weights = functools.partial(super()._load_from_checkpoint, resume_from_checkpoint, model)
-        load_checkpoint(self, self.worker, resume_from_checkpoint, load_weights)
+        load_checkpoint(self, self.worker.checkpoint_view(), resume_from_checkpoint, load_weights)
 
     def _init_training_state(self, max_steps, *args, **kwargs):
         """On resume the Trainer takes logging/eval/save steps from the checkpoint's trainer_state.json: this run's
