@@ -1,10 +1,11 @@
-"""The training data of `AdLoCoTrainer`: a plain `DataLoader` over the adaptive sampler, whose batch size changes
-between rounds (accelerate's `BatchSamplerShard` would freeze it)."""
+"""The training data of `AdLoCoTrainer`: a `DataLoader` over the adaptive sampler, whose batch size changes between
+rounds (accelerate's `BatchSamplerShard` would freeze it), with the Trainer's `dataloader_*` worker processes."""
 
 import datasets
 from torch.utils.data import DataLoader
 from transformers import Trainer
 
+from ..sampling.prefetch import LoaderSettings
 from ..sampling.sampler import AdaptiveBatchSampler, adaptive_train_loader
 from ..sampling.stream_parts import is_stream
 from ..sampling.stream_sampler import AdaptiveStreamSampler, adaptive_stream_loader
@@ -20,8 +21,13 @@ def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | A
     batches of the planned size). Unused columns are removed as the Trainer's own loader does.
 
     Called before training starts (before any worker sets up its rounds or writes a file): a map-style dataset's
-    first batch, and every evaluation set's, must hold the model's input (`inputs_check.py`)."""
+    first batch, and every evaluation set's, must hold the model's input (`inputs_check.py`).
+
+    With `dataloader_num_workers > 0` the loader's worker processes fetch and collate batches ahead of training; a
+    change of batch size re-plans those, so every step trains on the batch it would without them
+    (`sampling/prefetch.py`)."""
     args, dataset, collator = trainer.args, trainer.train_dataset, trainer.data_collator
+    settings = LoaderSettings.from_args(args)
     if is_stream(dataset):
         loader = adaptive_stream_loader(
             dataset,
@@ -29,10 +35,10 @@ def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | A
             batch_size=args.per_device_train_batch_size,
             num_workers=args.world_size,
             rank=args.process_index,
-            pin_memory=args.dataloader_pin_memory,
+            loader=settings,
         )
         check_eval_batches(trainer)
-        return loader, loader.dataset
+        return loader, loader.adaptive_sampler
     if isinstance(dataset, datasets.Dataset):
         dataset = trainer._remove_unused_columns(dataset, description="training")
     else:
@@ -44,8 +50,8 @@ def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | A
         num_workers=args.world_size,
         rank=args.process_index,
         seed=args.data_seed if args.data_seed is not None else args.seed,
-        pin_memory=args.dataloader_pin_memory,
+        loader=settings,
     )
     check_first_batch(trainer, loader.dataset, loader.collate_fn, original=trainer.train_dataset)
     check_eval_batches(trainer)
-    return loader, loader.batch_sampler
+    return loader, loader.adaptive_sampler
