@@ -92,6 +92,14 @@ class AdaptiveBatchSampler(PlansAhead, Sampler[list[int]]):
             self._replan()  # batches an AdaptiveDataLoader drew ahead at the old size are drawn again at the new one
         self._batch_size = value
 
+    @property
+    def passes(self) -> float:
+        """The passes over this worker's shard that training has consumed (samples drawn / shard size, counted from
+        the run's start; an elastic resume's bridge is the rest of the passes before `epoch`)."""
+        epoch, position, bridge, bridge_pos = self._consumed_position()
+        left = sum(len(items) for _, items in bridge) - bridge_pos
+        return epoch + (position - left) / self.shard_size
+
     def _position(self) -> tuple:
         return self.epoch, self.position, self._bridge, self._bridge_pos
 

@@ -83,6 +83,14 @@ class AdaptiveStreamSampler(PlansAhead):
             self._replan()  # the examples of batches drawn ahead at the old size are drawn again at the new one
         self._batch_size = value
 
+    @property
+    def passes(self) -> float | None:
+        """Whole passes over this worker's part of the stream that its reading has finished (a stream's length is
+        unknown until a pass ends), or None when the part does not tell (`reading_pass`). Read where the stream is
+        read: ahead of training by the batches a loader prefetched (and a `PackedStream`'s tokenised documents)."""
+        reading = getattr(self.part, "reading_pass", None)
+        return None if reading is None else float(reading)
+
     def next_batch(self) -> list[Any]:
         """Draw the next `batch_size` examples and advance the position."""
         batch = [

@@ -12,7 +12,7 @@ from ..sampling.stream_sampler import AdaptiveStreamSampler, adaptive_stream_loa
 from .inputs_check import check_eval_batches, check_first_batch
 
 
-__all__ = ["train_loader"]
+__all__ = ["epoch_of", "train_loader"]
 
 
 def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | AdaptiveStreamSampler]:
@@ -55,3 +55,11 @@ def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | A
     check_first_batch(trainer, loader.dataset, loader.collate_fn, original=trainer.train_dataset)
     check_eval_batches(trainer)
     return loader, loader.adaptive_sampler
+
+
+def epoch_of(sampler: AdaptiveBatchSampler | AdaptiveStreamSampler, step: int, max_steps: int) -> float:
+    """The epoch to report (`TrainerState.epoch`): the data training consumed, as the sampler counts it (passes over
+    this worker's shard of a map-style dataset; the passes a stream's part has finished). A stream that does not say
+    which pass it reads gets steps over `max_steps`, from the resumed step (as an uninterrupted run logs)."""
+    passes = sampler.passes
+    return passes if passes is not None else step / max_steps

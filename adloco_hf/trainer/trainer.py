@@ -38,7 +38,7 @@ from ..worker.preemption import TrainingPreempted
 from .callback import AdLoCoCallback
 from .checkpoint_load import check_workers_for_instances, load_checkpoint, load_scheduler
 from .inner_step import accumulate, no_sync, probe_step, worker_ddp
-from .loaders import train_loader
+from .loaders import epoch_of, train_loader
 from .merge_folders import save_global_weights_folder, save_merge
 from .round_console import quiet_console, show_round_line, use_round_console
 from .staged_save import save_staged_checkpoint
@@ -136,8 +136,8 @@ class AdLoCoTrainer(MergedModelHubMixin, Trainer):
     def _maybe_end_round(self) -> None:
         self.worker.close_step()  # the step's optimizer has run: the end of its timing (batch_size_target="goodput")
         step = self.state.global_step
-        # The sampler never runs out: an epoch is max_steps steps, from the resumed step (as an uninterrupted run logs).
-        self.state.epoch = step / self.state.max_steps
+        # The data training consumed (`loaders.epoch_of`): the Trainer's steps over max_steps would end every run at 1.
+        self.state.epoch = epoch_of(self.train_sampler, step, self.state.max_steps)
         self.worker.sync_fragments(step)  # Streaming DiLoCo: the fragment due after this step (none otherwise)
         round_end = self.worker.is_round_end(step) and step != self.worker.last_synced_step
         stop = self.worker.preemption.after_step(step, steps_to_round_end=self.worker.steps_to_round_end(step))
