@@ -35,7 +35,7 @@ from ..worker.preemption import TrainingPreempted
 from .callback import AdLoCoCallback
 from .checkpoint_load import check_workers_for_instances, load_checkpoint, load_scheduler
 from .inner_step import TrainerPasses, probe_step, worker_ddp
-from .loaders import train_loader
+from .loaders import epoch_of, train_loader
 from .merge_folders import reporting_parts, save_merge
 from .round_console import announce_round, quiet_console, use_round_console
 from .staged_save import save_staged_checkpoint
@@ -128,8 +128,8 @@ class AdLoCoTrainer(Trainer):
 
     def _maybe_end_round(self) -> None:
         step = self.state.global_step
-        # The sampler never runs out: an epoch is max_steps steps, from the resumed step (as an uninterrupted run logs).
-        self.state.epoch = step / self.state.max_steps
+        # The data training consumed (`loaders.epoch_of`): the Trainer's steps over max_steps would end every run at 1.
+        self.state.epoch = epoch_of(self.train_sampler, step, self.state.max_steps)
         end = self.worker.after_step(step)  # the step's end: a fragment sync, a round's end, a preemption's stop
         if end.round is not None:
             self._after_round(end.round)
