@@ -1,20 +1,10 @@
-"""Tokens/s of a tiny AdLoCo run with 0 and with N DataLoader worker processes, side by side (issue 38).
-
-One process (one AdLoCo worker), a 2-layer Llama, the built-in corpus packed into Arrow blocks (map-style) or packed on
-the fly from JSON-lines shards (a `PackedStream`). Runs alternate between the settings (0, N, N, 0, 0, N, ...) so
-that a busy machine slows both alike; each run's tokens/s is timed from the first step of its second round to its
-last step's end (the loader processes' start and the first round's end stay out). Writes one JSON file; the ratio of
-a repeat is its two runs' tokens/s, with over without.
-
-    python docs/loader_processes/measure.py --repeats 6 --out docs/loader_processes/cpu.json
-"""
+"""The runs side by side and the JSON file (the benchmark is described in `__init__.py`)."""
 
 import argparse
 import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 
@@ -87,14 +77,18 @@ def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": ordered[0], "max": ordered[-1], "values": values}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Tokens/s with and without DataLoader worker processes")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--loader_processes", type=int, default=2)
     parser.add_argument("--kinds", default="map,stream")
     parser.add_argument("--out", required=True)
     parser.add_argument("--cache_dir", default="outputs/cache")
-    options = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    options = parse_args(argv)
     settings = {"steps": 60, "inner_steps": 10, "batch": 16, "block": 128, "hidden": 64, "prefetch_factor": 2}
     texts, tokenizer, train = corpus(options.cache_dir, settings["block"])
     results = {"settings": settings, "loader_processes": options.loader_processes, "repeats": options.repeats,
@@ -121,7 +115,3 @@ def main() -> None:
     os.makedirs(os.path.dirname(os.path.abspath(options.out)), exist_ok=True)
     with open(options.out, "w") as f:
         json.dump(results, f, indent=1)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,7 @@
+import sys
+
+from recipes.benchmarks.loader_processes.cli import main
+
+
+if __name__ == "__main__":
+    sys.exit(main())
