@@ -103,9 +103,6 @@ class ControllerRules:
     target: str = "test"
     noise_scale_multiple: float = 1.0
     goodput_hysteresis: float = 0.05  # batch_size_target="goodput" (`batch/goodput.py`)
-    # No batch_size_cap: the goodput rule bounds its search itself (`goodput.goodput_bound`); `cap` may still hold a
-    # worker's data shard.
-    derive_bound: bool = False
 
     @property
     def is_paper(self) -> bool:

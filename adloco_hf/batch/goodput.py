@@ -22,12 +22,6 @@ Goodput G(b) = X(b) E(b) counts samples per second as if every one had been trai
 switch mode turns it into (`plan_batch`: a request between max_batch_size and γ × it runs as max_batch_size, above
 it as A passes), per process with `processes_per_worker` = G (requests are multiples of G).
 
-Without `batch_size_cap` the rule bounds its own search ([`goodput_bound`]): a worker's largest micro-batch m (a
-request up to γ m runs as one pass of at most m: switch mode), or, above it, the request at which the instance's
-step batch M b is `NOISE_BOUND_MULTIPLE` (4) × B_noise. There a step makes 1 / (1 + 1/4) = 80 % of a noise-free
-step's progress: no larger request can make a step's progress more than 1.25 × as large, while it costs at least
-proportionally more passes (every request above γ m accumulates). The bound follows the noise scale as it grows.
-
 The maximisation is exact and cheap: for a fixed number of passes A, G(b) ∝ b / ((K + Hβb)(B_noise / M + b)) with
 K = H(ω + Aα) + C, whose only maximum over b > 0 is at b* = √(K B_noise / (M Hβ)); so the best request of each A lies
 at b* rounded either way, or at an end of A's range of requests ([`best_request`]; tested against trying every
@@ -41,10 +35,7 @@ from .switch_mode import BatchPlan, SwitchMode
 from .throughput import StepTimeModel
 
 
-__all__ = ["NOISE_BOUND_MULTIPLE", "GoodputChoice", "GoodputModel", "choose_request", "goodput_bound"]
-
-# The instance's step batch, in noise scales, past which the rule does not look without `batch_size_cap`.
-NOISE_BOUND_MULTIPLE = 4
+__all__ = ["GoodputChoice", "GoodputModel", "choose_request"]
 
 
 @dataclass(frozen=True)
@@ -135,12 +126,3 @@ def choose_request(model: GoodputModel, *, current: int, low: int, high: int, hy
     if inside and not gain >= (1 + hysteresis) * kept:
         return GoodputChoice(current, kept, kept)
     return GoodputChoice(best, gain, kept)
-
-
-def goodput_bound(*, noise_scale: float, workers: int, processes: int, switch: SwitchMode, floor: int) -> int:
-    """The largest per-worker request the rule considers without `batch_size_cap` (module docstring): the largest
-    of `floor`, a worker's largest micro-batch (G × m) and the request whose instance step batch is
-    `NOISE_BOUND_MULTIPLE` × `noise_scale`, a multiple of G."""
-    g = processes
-    by_noise = g * math.ceil(NOISE_BOUND_MULTIPLE * noise_scale / (workers * g)) if noise_scale > 0 else 0
-    return max(floor, g * switch.max_batch_size, by_noise)

@@ -150,8 +150,7 @@ def check_loader_processes(config: TrainingArguments) -> None:
 
 
 def check_goodput(config: TrainingArguments) -> None:
-    """`batch_size_target="goodput"` reads the noise scale the statistics measure (without `batch_size_cap` it bounds
-    its own search: `batch/goodput.py`'s `goodput_bound`)."""
+    """`batch_size_target="goodput"` reads the noise scale the statistics measure and chooses within bounds."""
     if not 0 <= config.goodput_hysteresis < 1:
         raise ValueError(
             f"goodput_hysteresis={config.goodput_hysteresis}: set a value in [0, 1) (0.05: a request changes only "
@@ -163,6 +162,11 @@ def check_goodput(config: TrainingArguments) -> None:
         raise ValueError(
             "batch_size_target='goodput' weighs each request by the noise scale that the gradient statistics "
             "measure, which batch_size_test='none' turns off; set batch_size_test='norm'."
+        )
+    if config.batch_size_cap is None:
+        raise ValueError(
+            "batch_size_target='goodput' chooses the request in [batch_size_floor, batch_size_cap]; set "
+            "batch_size_cap (the largest per-worker request it may choose, e.g. 16 × per_device_train_batch_size)."
         )
 
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ..batch.controller import NoiseEstimate, next_request
-from ..batch.goodput import GoodputChoice, GoodputModel, choose_request, goodput_bound
+from ..batch.goodput import GoodputChoice, GoodputModel, choose_request
 from ..batch.size_tests import PooledStatistics, pool_statistics
 from ..batch.throughput import ThroughputProfile
 from ..batch.worker_split import plan_worker_split, resize_split
@@ -276,13 +276,7 @@ def _goodput_choice(
         reference=g * rules.reference_batch_size,
     )
     low = g * math.ceil(controller.floor / g)
-    high = None if controller.cap is None else g * (controller.cap // g)
-    if controller.derive_bound:  # no batch_size_cap: the rule's own bound, within a worker's data shard
-        bound = goodput_bound(
-            noise_scale=scale, workers=len(inst.workers), processes=g, switch=rules.switch, floor=low
-        )
-        high = bound if high is None else min(high, bound)
-    high = low if high is None else max(low, high)
+    high = max(low, g * (controller.cap // g)) if controller.cap is not None else low
     choice = choose_request(
         model, current=inst.batch_size, low=low, high=high, hysteresis=controller.goodput_hysteresis
     )

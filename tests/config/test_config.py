@@ -64,18 +64,13 @@ def test_defaults_are_valid_and_decouple_the_workers(tmp_path):
         (dict(load_best_model_at_end=True, eval_strategy="steps", eval_steps=20), "load_best_model_at_end"),
         (dict(goodput_hysteresis=1.0), "goodput_hysteresis"),
         (dict(goodput_hysteresis=-0.1), "goodput_hysteresis"),
+        (dict(batch_size_target="goodput"), "batch_size_cap"),
         (dict(batch_size_target="goodput", batch_size_cap=64, batch_size_test="none"), "batch_size_test"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, kwargs, field):
     with pytest.raises(ValueError, match=field):
         make(tmp_path, **kwargs)
-
-
-def test_the_goodput_rule_needs_no_cap(tmp_path):
-    """Without batch_size_cap the goodput rule bounds its own search (`batch/goodput.py`'s `goodput_bound`)."""
-    config = make(tmp_path, batch_size_target="goodput")
-    assert config.batch_size_cap is None
 
 
 def test_dataloader_worker_processes_are_accepted(tmp_path):

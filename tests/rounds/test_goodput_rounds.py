@@ -6,7 +6,7 @@ import math
 import pytest
 from helpers import round_rules
 
-from adloco_hf.batch.goodput import NOISE_BOUND_MULTIPLE, GoodputModel, choose_request, goodput_bound
+from adloco_hf.batch.goodput import GoodputModel, choose_request
 from adloco_hf.batch.size_tests import GradientStatistics
 from adloco_hf.batch.switch_mode import SwitchMode
 from adloco_hf.batch.throughput import RoundTiming, ThroughputProfile
@@ -77,28 +77,6 @@ def test_the_decision_is_the_pure_rule_on_the_gathered_timings_and_the_noise_sca
     assert expected.request != 4  # the slow outer step makes a larger batch pay here
     written = line.to_json()
     assert written["goodput"] == expected.goodput and written["step_model"] == line.step_model
-
-
-def test_without_a_cap_the_rule_searches_up_to_its_own_bound():
-    """No batch_size_cap: the rule's bound is the largest micro-batch, or 4 noise scales of instance batch above it
-    (`goodput_bound`); within it, the same choice as the pure rule. A slow link (a long outer step) would take the
-    request past any cap a user might guess: here up to the bound."""
-    table = [Instance(0, (0, 1), 4)]
-    reports = [report(outer_seconds=60.0), report(outer_seconds=60.0)]
-    no_cap = rules(batch_size_cap=None, max_batch_size=8)
-    decision = decide_round(table, reports, outer_step=1, global_step=10, rules=no_cap, inner_steps=10)
-    line, after = decision.lines[0], decision.instances[0]
-    scale = after.noise.noise_scale  # 16 samples: the instance's step batch of 2 workers reaches 64 at b = 32
-    high = goodput_bound(noise_scale=scale, workers=2, processes=1, switch=SwitchMode(8, 2.0), floor=4)
-    assert high == math.ceil(NOISE_BOUND_MULTIPLE * scale / 2) == 32
-    expected = choose_request(
-        GoodputModel(after.throughput.model(), scale, 10, 2, 1, SwitchMode(8, 2.0), 4),
-        current=4, low=4, high=high, hysteresis=0.05,
-    )  # fmt: skip
-    assert line.next_batch_size == expected.request == 32  # the bound binds: the link makes every sample cheap
-    # A small noise scale leaves the device's micro-batch as the bound.
-    assert goodput_bound(noise_scale=2.0, workers=2, processes=2, switch=SwitchMode(8, 2.0), floor=4) == 16
-    assert goodput_bound(noise_scale=float("nan"), workers=1, processes=1, switch=SwitchMode(8, 2.0), floor=4) == 8
 
 
 def noisy(**kwargs) -> WorkerReport:
