@@ -3,7 +3,7 @@
 | name | what it is |
 |---|---|
 | `"tiny"` | a 2-layer Llama (hidden 64) that trains on a laptop CPU in minutes: tests, CI and `make demo` |
-| `"llama-50m"`, `"llama-100m"` | Llamas of about 51 M and 99 M parameters (with a 4096-token vocabulary): the GPU benchmark's small sizes (`recipes/benchmarks/gpu_bench.py`) |
+| `"llama-50m"`, `"llama-100m"` | Llamas of about 51 M and 99 M parameters (with a 4096-token vocabulary): the GPU benchmark's small sizes (`recipes/benchmarks/gpu_bench/`) |
 | `"microllama"` | the architecture of MicroLlama (300M parameters, the model of the AdLoCo paper), from scratch |
 | anything else | `AutoModelForCausalLM.from_pretrained(name)`: a local folder (e.g. `outputs/demo/merged`) or a Hub id such as `keeeeenw/MicroLlama` (the paper's pretrained starting point) |
 

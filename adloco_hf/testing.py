@@ -93,14 +93,14 @@ def launch_command(
 
     With `num_machines > 1` it is the command of one machine of a multi-machine launch: run it once per machine
     (`machine_rank` 0 to `num_machines - 1`), each starting `num_processes / num_machines` workers, all meeting at
-    `main_process_ip:main_process_port` (machine 0's address; `recipes/benchmarks/links.py` runs each machine in
+    `main_process_ip:main_process_port` (machine 0's address; `recipes/benchmarks/links/` runs each machine in
     its own network namespace).
 
     Each worker runs `target` with `args`. On a CPU-only machine the workers form a gloo group only if they build
     their `TrainingArguments` with `use_cpu=True` (see the module docstring).
 
     Args:
-        target: a script path, or with `module=True` a module name (`"recipes.benchmarks._convergence_worker"`),
+        target: a script path, or with `module=True` a module name (`"recipes.benchmarks.toolkit.worker"`),
             run like `python -m`: it must be importable in the workers (see `run_workers`'s `cwd` and `pythonpath`).
         *args: the workers' own command-line arguments.
         num_processes: how many workers (the world size, over all machines).

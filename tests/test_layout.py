@@ -7,6 +7,7 @@ Imports anywhere in a file count (module level, inside functions, `TYPE_CHECKING
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -350,3 +351,37 @@ def test_recipes_use_the_library_through_its_public_surface(recipe_files):
             reached = [m for m in named if m in modules and m.split(".")[0] == "adloco_hf"]
             inside += [f"{f.relative_to(REPO)}:{node.lineno} imports {m}" for m in reached if m not in LIBRARY_SURFACE]
     assert sorted(set(inside)) == [], "\n".join(sorted(set(inside)))
+
+
+BENCHMARK_PATH = re.compile(r"(?<![\w/])recipes/benchmarks/[A-Za-z_/]+\.py")
+BENCHMARK_MODULE = re.compile(r"(?<![\w.])recipes\.benchmarks(?:\.[a-z_]+)+")
+
+
+def stale_benchmark_names(text: str) -> list[str]:
+    """The benchmark files (`recipes/benchmarks/x/y.py`) and modules (`recipes.benchmarks.x.y`) that `text` names
+    and that do not exist: a benchmark that moved leaves no stale pointer in a docstring, a comment or a guide."""
+    stale = [path for path in BENCHMARK_PATH.findall(text) if not (REPO / path).is_file()]
+    for module in BENCHMARK_MODULE.findall(text):
+        path = REPO / module.replace(".", "/")
+        # `recipes.benchmarks.gpu_bench.throughput.main` names a function: the longest existing prefix must be a module
+        while not (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()) and path != REPO:
+            path = path.parent
+        if path.relative_to(REPO).parts[:2] != ("recipes", "benchmarks") or len(path.relative_to(REPO).parts) < 3:
+            stale.append(module)
+    return stale
+
+
+def test_every_benchmark_named_in_the_code_tests_and_docs_exists():
+    texts = [*PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "recipes").rglob("*.py")]
+    texts += [*(REPO / "docs").rglob("*.md"), *(REPO / "recipes").rglob("*.md"), REPO / "README.md", REPO / "Makefile"]
+    stale = []
+    for path in texts:
+        if path == pathlib.Path(__file__).resolve():
+            continue  # this file names made-up modules in its own checks
+        stale += [f"{path.relative_to(REPO)}: {name}" for name in stale_benchmark_names(path.read_text())]
+    assert stale == [], "\n".join(stale)
+
+
+def test_the_stale_benchmark_check_can_fail():
+    text = "see `recipes/benchmarks/links.py`, `recipes.benchmarks._convergence_worker` and recipes.benchmarks.links"
+    assert stale_benchmark_names(text) == ["recipes/benchmarks/links.py", "recipes.benchmarks._convergence_worker"]

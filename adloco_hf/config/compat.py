@@ -51,7 +51,7 @@ logger = get_logger(__name__)
 _warned: set[str] = set()
 
 # Measured on 2 shared CPU cores with inductor, a 2-layer Llama, 3 runs (issue 24; the command is in
-# recipes/benchmarks/_gpu_throughput.py's docstring): a request growing 4 → 6 → 8 → 9 → 15 → 24 → 38 (and the
+# recipes/benchmarks/gpu_bench/throughput.py's docstring): a request growing 4 → 6 → 8 → 9 → 15 → 24 → 38 (and the
 # statistics step's halves of each) built 2 graphs, no graph break; the second compilation took 3.2 s (warm compile
 # cache; the first run's cold compilations ~20 s each); steps at 38 ran at 1.00, 0.90 and 0.92 × the speed of a run
 # compiled for 38 alone. With statistics whose groups are the micro-batches (no new shape), the hooks added no graph.

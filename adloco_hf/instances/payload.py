@@ -18,8 +18,8 @@ its first worker).
   hand-off sends the broadcasts' encoding of the leaver's weighted state. A broadcast's source instance applies the
   rounding the receivers decode to its own state, so the instance's workers still hold equal φ and momentum.
 
-Measured in `recipes/benchmarks/merge_precision.py` (the merged model's perplexity against the float32 merge's) and on
-rate-limited links in `recipes/benchmarks/links.py`.
+Measured in `recipes/benchmarks/merge_precision/` (the merged model's perplexity against the float32 merge's) and on
+rate-limited links in `recipes/benchmarks/links/`.
 """
 
 import torch

@@ -12,7 +12,7 @@ the lever, round by round.
 
 torch.compile runs with the `aot_eager` backend here: dynamo and AOT autograd are where the statistics' hooks, the
 halves and the micro-batches meet the compiler (graphs, graph breaks, recompiles), and inductor's code generation,
-identical for both trainers, would cost ~20 s per graph on a CPU; `recipes/benchmarks/gpu_bench.py` measures
+identical for both trainers, would cost ~20 s per graph on a CPU; `recipes/benchmarks/gpu_bench/` measures
 inductor (`--tiny` runs it on the CPU). Flash-attention and Liger's Triton kernels run on CUDA only: their runs are
 `cuda` tests; on a CPU only Liger's patch is checked (AdLoCoTrainer applies the Trainer's own).
 """
