@@ -9,11 +9,11 @@ from recipes.benchmarks.toolkit.runs import run_method
 from recipes.benchmarks.toolkit.settings import method_spec, on_links, reads_clock
 
 
-__all__ = ["DEFAULT_ADLOCO", "run_summary", "run_virtual", "virtual_results"]
+__all__ = ["TARGET_METHODS", "run_summary", "run_virtual", "virtual_results"]
 
-# The method the issue's targets are checked on: AdLoCo as its defaults would run it, the goodput rule with its own
-# bound (`toolkit/methods.py`).
-DEFAULT_ADLOCO = "adloco_goodput_bound"
+# The methods issue 39's targets are checked on: the default AdLoCo (the norm test) and the goodput rule, the
+# candidate default (`toolkit/methods.py`).
+TARGET_METHODS = ("adloco", "adloco_goodput")
 
 
 def run_virtual(args, settings: dict, output_dir: str, seeds: list[int], names: list[str], progress) -> dict:
@@ -77,7 +77,11 @@ def virtual_results(runs: dict, settings: dict, initial_ppl: dict[int, float]) -
         "virtual_curves": curves,
         "virtual_runs": summaries,
         "virtual_failed": failed,
-        "virtual_targets": virtual_targets(comparisons, bandwidths, DEFAULT_ADLOCO),
+        "virtual_targets": {
+            name: target
+            for method in TARGET_METHODS
+            for name, target in virtual_targets(comparisons, bandwidths, method).items()
+        },
         "clock": {k: v for k, v in clock.items() if k != "profile"},
         "device_profile": clock["profile"],
     }

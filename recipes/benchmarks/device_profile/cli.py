@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
         step = measured.get("step_profile", measured)
         profile = DeviceProfile.from_json(step).to_json()
         profile.update(
+            parameters=step.get("parameters"),  # the model measured: the virtual clock prices bytes as its
             source=f"{args.step_profile}: overhead --step_profile ({step.get('processes', '?')} processes on "
             f"{step.get('device', 'cpu')}); made by `{command}`",
             measured={"sizes": sorted(int(b) for b in step["micro_batch_seconds"])},

@@ -261,9 +261,13 @@ def main(argv: list[str] | None = None) -> dict:
                         continue
                     spec = method_spec(name, settings, output_dir, seed=seed, matched_batch_size=matched)
                     spec["output_dir"] = os.path.join(output_dir, bandwidth, name)
-                    if spec.get("clock") is not None:  # --clock virtual: priced on this testbed link alone
+                    if spec.get("clock") is not None:  # --clock virtual: priced on this testbed link alone, the
+                        # bytes its links carry (not scaled to the profile's model: `virtual_clock.bytes_scale`)
                         spec["clock"].update(
-                            labels=[bandwidth], bandwidths=[parse_rate(bandwidth)], budget_seconds=None
+                            labels=[bandwidth],
+                            bandwidths=[parse_rate(bandwidth)],
+                            budget_seconds=None,
+                            scale_bytes=False,
                         )
                     runs[name], result = run_one(testbed, spec, bandwidth, initial_ppl, args.reuse, args.burst)
                     raw[name] = runs[name] if result is None else result

@@ -215,13 +215,6 @@ METHODS: dict[str, dict] = {
         "adloco": {**ADLOCO, **GOODPUT, "batch_size_target": "test"},
         "budget_factor": 1.5,
     },
-    # Issue 39: the goodput rule as a default would run it: no batch_size_cap (the rule's own bound,
-    # `goodput_bound`), the learning rate × √(b / b₀) its statistical efficiency assumes, the default float32 merges.
-    "adloco_goodput_bound": {
-        "kind": "adloco",
-        "adloco": {**ADLOCO, "batch_size_target": "goodput", "lr_batch_scaling": "sqrt", "batch_size_cap": None},
-        "budget_factor": 1.5,
-    },
     "diloco_goodput": {
         "kind": "adloco",
         "adloco": {**DILOCO, **GOODPUT, "batch_size_test": "norm"},

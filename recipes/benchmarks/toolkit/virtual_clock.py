@@ -18,6 +18,12 @@ the prices in those announcements:
 
 Evaluations, checkpoints and the final merge announce nothing: they cost no virtual time.
 
+The bytes are priced as the profile's model would send them: a run's model stands for the profile's (its samples
+cost the profile's seconds), so its payloads and merges are scaled by `bytes_scale`, the profile's parameters over
+the run's (`clock_from_spec`; 1 where the profile is of the run's own model, as on the links testbed). Without it a
+tiny model's 2.6 MB payload against a 300M model's step times would price a 100 Mbit/s link as a 10 Gbit/s one is
+for that model.
+
 One clock prices several links at once (`links`): each keeps its own seconds, so a run whose decisions do not read
 the clock (no goodput rule, no split by speed) gives the time it takes over every bandwidth of a study from one
 training run; `now()` reads the first link's, which is the one the library's decisions follow. Workers of
@@ -32,7 +38,7 @@ from adloco_hf.inspection import Clock
 from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, control_seconds, ring_all_reduce_seconds
 
 
-__all__ = ["VirtualClock", "clock_from_spec"]
+__all__ = ["VirtualClock", "bytes_scale", "clock_from_spec"]
 
 
 class VirtualClock(Clock):
@@ -44,13 +50,25 @@ class VirtualClock(Clock):
         world: the workers of the run (the round end's collectives span them all).
         statistics: whether the run measures gradient statistics (`batch_size_test` other than `"none"`): each round
             then costs the profile's `statistics_seconds` too.
+        bytes_scale: the factor on every announced byte count (module docstring).
     """
 
-    def __init__(self, profile: DeviceProfile, links: Sequence[Link], *, world: int, statistics: bool):
+    def __init__(
+        self,
+        profile: DeviceProfile,
+        links: Sequence[Link],
+        *,
+        world: int,
+        statistics: bool,
+        bytes_scale: float = 1.0,
+    ):
         super().__init__()
         if not links:
             raise ValueError("a virtual clock prices at least one link")
+        if not bytes_scale > 0:
+            raise ValueError(f"bytes_scale must be positive, got {bytes_scale}")
         self.profile, self.links, self.world, self.statistics = profile, tuple(links), world, statistics
+        self.bytes_scale = bytes_scale
         self.seconds = [0.0] * len(self.links)
         self.compute_seconds = 0.0  # the device's share (the same on every link), for the record
 
@@ -73,13 +91,14 @@ class VirtualClock(Clock):
     def outer_step(self, *, round_number: int, workers: int, payload_bytes: int) -> None:
         local = self.profile.outer_seconds + (self.profile.statistics_seconds if self.statistics else 0.0)
         self.compute_seconds += local
+        payload_bytes = payload_bytes * self.bytes_scale
         self.seconds = [
             s + local + ring_all_reduce_seconds(payload_bytes, workers, link) + control_seconds(self.world, link)
             for s, link in zip(self.seconds, self.links)
         ]
 
     def merge(self, *, round_number: int, sent_bytes: tuple[int, ...]) -> None:
-        busiest = max(sent_bytes, default=0)
+        busiest = max(sent_bytes, default=0) * self.bytes_scale
         if busiest > 0:
             self.seconds = [
                 s + link.latency_seconds + link.seconds(busiest) for s, link in zip(self.seconds, self.links)
@@ -90,10 +109,19 @@ class VirtualClock(Clock):
         self.seconds = [max(mine, float(theirs)) for mine, theirs in zip(self.seconds, seconds)]
 
 
-def clock_from_spec(clock: dict, *, world: int, statistics: bool) -> VirtualClock:
+def bytes_scale(clock: dict, parameters: int) -> float:
+    """The profile's parameters over the run's `parameters`; 1 where the profile does not name its model's size or
+    the clock prices the bytes a testbed's links really carry (`"scale_bytes": false`, `links --clock virtual`)."""
+    theirs = clock["profile"].get("parameters")
+    return 1.0 if not theirs or clock.get("scale_bytes") is False else theirs / parameters
+
+
+def clock_from_spec(clock: dict, *, world: int, statistics: bool, parameters: int) -> VirtualClock:
     """The virtual clock of a spec's `clock` entry: `{"profile": DeviceProfile JSON, "bandwidths": [bits/s, ...],
     "latency": seconds, "efficiency": payload share}`, the first bandwidth the one `now()` reads
-    (`settings.virtual_clock_settings` writes it)."""
+    (`settings.virtual_clock_settings` writes it); `parameters` the run's model's, whose bytes are priced as the
+    profile's model's (`bytes_scale`)."""
     profile = DeviceProfile.from_json(clock["profile"], source=clock["profile"].get("source", ""))
     links = [Link(bits, clock["latency"], clock.get("efficiency", 1.0)) for bits in clock["bandwidths"]]
-    return VirtualClock(profile, links, world=world, statistics=statistics)
+    scale = bytes_scale(clock, parameters)
+    return VirtualClock(profile, links, world=world, statistics=statistics, bytes_scale=scale)

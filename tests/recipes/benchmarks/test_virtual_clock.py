@@ -49,6 +49,15 @@ def test_steps_are_priced_by_the_profile_and_rounds_by_the_ring_on_every_link():
     quiet = VirtualClock(PROFILE, [slow], world=1, statistics=False)
     quiet.outer_step(round_number=1, workers=1, payload_bytes=10**9)
     assert quiet.seconds == pytest.approx([0.05])
+    # The bytes priced as the profile's model's: 10 x the payload, 10 x the merge.
+    scaled = VirtualClock(PROFILE, [slow], world=2, statistics=False, bytes_scale=10.0)
+    scaled.outer_step(round_number=1, workers=2, payload_bytes=100_000)
+    ring = 2 * (1e-3 + 500_000 * 8 / 8e6)  # as 1 MB over 2 workers
+    assert scaled.seconds == pytest.approx([0.05 + ring + 2 * 1e-3])
+    scaled.merge(round_number=1, sent_bytes=(200_000, 0))
+    assert scaled.seconds == pytest.approx([0.05 + ring + 2 * 1e-3 + 1e-3 + 2.0])
+    with pytest.raises(ValueError, match="bytes_scale"):
+        VirtualClock(PROFILE, [slow], world=1, statistics=False, bytes_scale=0)
 
 
 def test_the_h200_profile_is_derived_from_the_measured_step_with_its_source():
@@ -116,21 +125,24 @@ def test_the_virtual_comparison_pairs_each_seed_with_the_best_fixed_batch():
 
 def test_the_virtual_command_line_and_each_methods_spec(tmp_path, capsys):
     argv = ["--quick", "--clock", "virtual", "--device_profile", H200, "--bandwidth", "10gbit", "100mbit",
-            "--budget_virtual_seconds", "2", "--methods", "diloco_b4", "adloco_goodput_bound"]  # fmt: skip
+            "--budget_virtual_seconds", "2", "--methods", "diloco_b4", "adloco_goodput"]  # fmt: skip
     args = convergence.parse_args(argv)
     shared = settings.shared_settings(args)
     assert shared["clock"]["bandwidths"] == [10**10, 10**8] and shared["clock"]["budget_seconds"] == [2.0, 2.0]
     fixed = settings.method_spec("diloco_b4", shared, str(tmp_path))
-    goodput = settings.method_spec("adloco_goodput_bound", shared, str(tmp_path))
+    goodput = settings.method_spec("adloco_goodput", shared, str(tmp_path))
     assert fixed["adloco"]["max_batch_size"] == goodput["adloco"]["max_batch_size"] == 280  # the H200's
     assert fixed["clock"]["budget_seconds"] == [2.0, 2.0]
     assert goodput["clock"]["budget_seconds"] == [3.0, 3.0]  # past the budget: its time to target is measured
-    assert goodput["adloco"]["batch_size_cap"] is None
+    assert goodput["adloco"]["batch_size_cap"] == 64  # the shared cap: the rule needs one
     assert settings.reads_clock(goodput) and not settings.reads_clock(fixed)
     one = settings.on_links(goodput, [1], str(tmp_path / "100mbit"))
     assert one["clock"]["bandwidths"] == [10**8] and one["clock"]["labels"] == ["100mbit"]
-    clock = clock_from_spec(one["clock"], world=4, statistics=True)
+    clock = clock_from_spec(one["clock"], world=4, statistics=True, parameters=247_489_536 // 100)
     assert clock.links[0].bandwidth_bits_per_second == 1e8 and clock.profile.max_micro_batch == 280
+    assert clock.bytes_scale == pytest.approx(100, rel=1e-6)  # a model 100 x smaller sends the H200 model's bytes
+    testbed = clock_from_spec({**one["clock"], "scale_bytes": False}, world=4, statistics=True, parameters=1000)
+    assert testbed.bytes_scale == 1.0  # links --clock virtual: the bytes the testbed's links carry
     for bad, message in (
         (["--methods", "ddp"], "leave it out"),
         (["--budget_seconds", "3"], "budget_virtual_seconds"),
@@ -148,7 +160,7 @@ def _virtual_run(output_dir):
     profile = DeviceProfile.from_json(device_profiles.load_profile(H200))
     args = tiny_run_config(
         output_dir, max_steps=30, batch_size_target="goodput", lr_batch_scaling="sqrt", per_device_train_batch_size=2,
-        max_batch_size=4, inner_steps=5, batch_size_test="norm", seed=7,
+        max_batch_size=4, batch_size_cap=16, inner_steps=5, batch_size_test="norm", seed=7,
     )  # fmt: skip
     trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(512))
     clock = VirtualClock(profile, [Link(1e8)], world=1, statistics=True)
@@ -158,7 +170,7 @@ def _virtual_run(output_dir):
 
 
 def test_a_run_timed_by_the_virtual_clock_repeats_its_seconds_and_the_rule_reads_the_profile(tmp_path):
-    """The goodput rule (no batch_size_cap: its own bound) on one worker, twice with the same seed: the same virtual
+    """The goodput rule on one worker, twice with the same seed: the same virtual
     seconds to the last bit, the same requests and losses; the rule's step model is the profile's α and β."""
     first_clock, first = _virtual_run(tmp_path / "a")
     second_clock, second = _virtual_run(tmp_path / "b")
@@ -174,6 +186,7 @@ def test_a_run_timed_by_the_virtual_clock_repeats_its_seconds_and_the_rule_reads
     assert any(line["next_batch_size"] != line["batch_size"] for line in first)  # the rule moved the request
 
 
+@pytest.mark.slow  # ~60 s on 2 cores: two launches of 2 workers
 @pytest.mark.multiprocess
 def test_a_virtual_run_repeats_its_seconds_and_perplexities(tmp_path):
     """The benchmark worker with the virtual clock, 2 real workers (gloo), the goodput rule reading the clock, run
@@ -184,7 +197,7 @@ def test_a_virtual_run_repeats_its_seconds_and_perplexities(tmp_path):
         out = tmp_path / name
         command = [
             sys.executable, "-m", "recipes.benchmarks.convergence", "--quick", "--clock", "virtual",
-            "--device_profile", H200, "--bandwidth", "100mbit", "--budget_virtual_seconds", "0.6",
+            "--device_profile", H200, "--bandwidth", "100mbit", "--budget_virtual_seconds", "200",
             "--methods", "diloco_goodput", "--inner_steps", "5", "--eval_every_rounds", "2", "--seeds", "1",
             "--budget_tokens", "200000",
             "--set", "world_size=2", "--set", 'data.corpus="builtin:python-docs"', "--set", "data.eval_blocks=32",
@@ -199,7 +212,7 @@ def test_a_virtual_run_repeats_its_seconds_and_perplexities(tmp_path):
     first, second = run("a"), run("b")
     ends = first["virtual_round_ends"]
     assert len(ends) >= 3 and ends == second["virtual_round_ends"]
-    assert ends[-1][1] >= 0.6 * 1.5 > ends[-2][1]  # stopped at the first round end after its budget (× 1.5)
+    assert ends[-1][1] >= 200 * 1.5 > ends[-2][1]  # stopped at the first round end after its budget (× 1.5)
     assert [p["eval_ppl"] for p in first["evals"]] == [p["eval_ppl"] for p in second["evals"]]
     assert [p["virtual_seconds"] for p in first["evals"]] == [p["virtual_seconds"] for p in second["evals"]]
     assert [r["requested_batch_sizes"] for r in first["round_log"]] == [

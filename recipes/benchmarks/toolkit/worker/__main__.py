@@ -64,7 +64,9 @@ def main() -> None:
     else:
         virtual = None
         if spec.get("clock") is not None:  # the library's timings priced by a device profile and links
-            virtual = clock_from_spec(spec["clock"], world=world, statistics=args.batch_size_test != "none")
+            virtual = clock_from_spec(
+                spec["clock"], world=world, statistics=args.batch_size_test != "none", parameters=numel
+            )
             trainer.worker.clock = virtual
         trainer.bench_setup(
             tokens_so_far=lambda: trainer.adloco_state.tokens,
@@ -121,6 +123,7 @@ def main() -> None:
         "virtual_round_ends": None if virtual_rounds is None else virtual_rounds.ends,
         "virtual_budget_stop": None if virtual_rounds is None else virtual_rounds.stopped_at,
         "virtual_compute_seconds": None if virtual_rounds is None else virtual_rounds.clock.compute_seconds,
+        "virtual_bytes_scale": None if virtual_rounds is None else virtual_rounds.clock.bytes_scale,
         "slowed": slowed,
     }
     everyone: list[dict] = [None] * world

@@ -140,6 +140,8 @@ def write_result(spec, args, trainer, everyone, *, tokens_per_step: int, ddp_ste
         # of device work (steps, outer steps: what no link changes).
         "virtual_round_ends": everyone[0].get("virtual_round_ends"),
         "virtual_compute_seconds": everyone[0].get("virtual_compute_seconds"),
+        # The factor on the bytes the clock priced: the profile's model's parameters over the run's.
+        "virtual_bytes_scale": everyone[0].get("virtual_bytes_scale"),
         "clock": None if spec.get("clock") is None else {k: v for k, v in spec["clock"].items() if k != "profile"},
         # time.time() when the first worker started training and the last one stopped (evaluations included)
         "train_started_at": min(r["started_at"] for r in everyone),
