@@ -197,6 +197,7 @@ class StepClock(Clock):
         super().__init__()
         self.per_step, self.per_pass, self.per_sample, self.per_round = per_step, per_pass, per_sample, per_round
         self.seconds = 0.0
+        self.merges: list[list] = []
 
     def now(self) -> float:
         return self.seconds
@@ -210,6 +211,9 @@ class StepClock(Clock):
     def outer_step(self, *, round_number, workers, payload_bytes) -> None:
         cycle = self.per_round if isinstance(self.per_round, list) else [self.per_round]
         self.seconds += cycle[(round_number - 1) % len(cycle)]
+
+    def merge(self, *, round_number, sent_bytes) -> None:
+        self.merges.append([round_number, list(sent_bytes)])  # what the worker announced (`Clock.merge`)
 
     def install(self, trainer) -> None:
         """Time `trainer`'s worker with this clock."""

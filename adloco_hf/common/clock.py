@@ -5,6 +5,8 @@ passes, the rest of that step (clipping, the optimizer step, the scheduler, zero
 outer step. The timings feed the goodput rule's throughput model (`batch_size_target="goodput"`,
 `batch/throughput.py`) and each worker's speed (`worker_batch_split="speed"`). Between the two readings of `now()`
 that time each of them, the worker announces the work: `passes(chunk_sizes)`, `step_rest()`, `outer_step(...)`.
+A merge at a round's end (`worker/merging.py`) is announced too, once its messages have gone: `merge(...)`, with the
+bytes every rank sent; it comes after the round's outer step and before the next step's first reading.
 
 This clock reads `time.perf_counter()` and ignores the announcements; with `synchronize` (CUDA and the goodput
 rule) it waits for the kernels queued so far first, since the host runs ahead of the device and a pass would
@@ -31,7 +33,13 @@ class FixedPrices(Clock):
 
     def outer_step(self, *, round_number, workers, payload_bytes):
         self.seconds += 2 * (workers - 1) / workers * payload_bytes / 12.5e6  # a ring over 100 Mbit/s
+
+    def merge(self, *, round_number, sent_bytes):
+        self.seconds += max(sent_bytes, default=0) / 12.5e6  # the busiest sender's bytes over 100 Mbit/s
 ```
+
+`recipes/benchmarks/toolkit/virtual_clock.py` is the benchmarks' virtual clock: a device profile for the steps, the
+ring model of a link for the outer step, and the busiest sender for a merge.
 """
 
 import time
@@ -69,3 +77,7 @@ class Clock:
     def outer_step(self, *, round_number: int, workers: int, payload_bytes: int) -> None:
         """The outer step of round `round_number` (1-based) ran among an instance's `workers`, sending a payload of
         `payload_bytes` per worker into the all-reduce (announced after it, before its end is read)."""
+
+    def merge(self, *, round_number: int, sent_bytes: tuple[int, ...]) -> None:
+        """A merge at the end of round `round_number` has sent its messages: `sent_bytes[r]` bytes from global rank
+        `r` (every rank, in rank order; the same tuple on every rank). Announced after the round's outer step."""

@@ -72,12 +72,14 @@ def _local_groups(layout: WorkerLayout | None, local_rank: int, workers) -> tupl
 
 @dataclass(frozen=True)
 class MergeResult:
-    """A merge that happened at a round's end. `phi` holds the merged weights on global rank 0 (to save), else None."""
+    """A merge that happened at a round's end. `phi` holds the merged weights on global rank 0 (to save), else None;
+    `rank_bytes` the bytes each global rank sent, in rank order (`bytes` is their sum)."""
 
     plan: MergePlan
     bytes: int
     seconds: float
     phi: torch.Tensor | None
+    rank_bytes: tuple[int, ...] = ()
 
 
 @dataclass
@@ -381,5 +383,6 @@ def merge_at_round_end(
     if gather is not None and settings.save and place.worker == 0 and outcome.merged_phi is not None:
         full = gather(outcome.merged_phi)  # every process of worker 0 (the writer) holds its shard
         phi = full if place.global_rank == 0 else None
-    result = MergeResult(plan, int(sum(r[0] for r in moved)), max(r[1] for r in moved), phi)
+    sent = tuple(int(r[0]) for r in moved)
+    result = MergeResult(plan, sum(sent), max(r[1] for r in moved), phi, rank_bytes=sent)
     return result, outcome.changed_instance

@@ -8,6 +8,7 @@ gathers before rank 0 writes.
 import time
 from collections.abc import Callable
 
+from ..common.clock import Clock
 from ..common.distributed import WorkerMonitor
 from ..common.logs import get_logger
 from ..instances import merges as merging
@@ -41,6 +42,7 @@ class WorkerMerges:
         training: the model and inner optimizer.
         steps: the inner steps (a worker that changes instance forgets its kept gradient).
         hint: what to do after a lost worker.
+        clock: the clock of the worker's timings, told what each merge sent (`Clock.merge`).
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class WorkerMerges:
         training: TrainingObjects,
         steps: InnerSteps,
         hint: Callable[[], str],
+        clock: Clock,
     ):
         self.settings = settings
         self.groups = groups
@@ -62,6 +65,7 @@ class WorkerMerges:
         self.training = training
         self.steps = steps
         self.hint = hint
+        self.clock = clock
 
     def at_round_end(self, plan: MergePlan, rounds: RoundState) -> MergeResult:
         """Carry out the merge `plan` decided at the end of round `rounds.outer_step` (every rank, same order)."""
@@ -96,6 +100,7 @@ class WorkerMerges:
             ),
             before=(flushed, flush_seconds),
         )
+        self.clock.merge(round_number=rounds.outer_step, sent_bytes=result.rank_bytes)
         if changed_instance:
             self.steps.collector.forget()  # its kept gradient belongs to the old instance's weights
         if instance_of(plan.after, groups.worker_id).workers != instance.workers or changed_instance:

@@ -102,7 +102,7 @@ def start_parts(
             steps=steps,
             seed=settings.seed,
         )
-    merges = WorkerMerges(settings, groups, monitor, outer, replica, training, steps, hint)
+    merges = WorkerMerges(settings, groups, monitor, outer, replica, training, steps, hint, clock)
     round_end = RoundEnd(
         groups=groups,
         replica=replica,

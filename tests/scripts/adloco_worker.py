@@ -593,6 +593,7 @@ def main() -> None:
         "steps_checked_in_worker": in_worker.steps_checked,
         "part": list(trainer.worker.global_model.part or (0, trainer.worker.global_model.numel)),
         "numel": trainer.worker.global_model.numel,
+        "clock_merges": getattr(trainer.worker.clock, "merges", None),  # a StepClock's record of Clock.merge
     }
     streaming = trainer.worker.global_model.streaming
     if streaming is not None:  # (step, fragment) of every send and applied average of this run (since its resume)

@@ -139,6 +139,10 @@ def test_two_workers_of_two_processes_merge_and_follow_the_rule(two_by_two_goodp
         report = json.load(open(os.path.join(probe, f"report-rank{rank}.json")))
         assert report["world_size"] == 4 and report["rounds_checked"] == 4
         assert report["steps_checked_in_worker"] == 20  # the worker's 2 processes agreed after every step
+        # The clock was told of the merge (the virtual clock's hook): its round, and every rank's bytes, which add
+        # up to the line's merge bytes, the same on every rank.
+        ((round_number, sent),) = report["clock_merges"]
+        assert round_number == merge["outer_step"] and len(sent) == 4 and sum(sent) == merge["merge_bytes"]
 
 
 def test_a_streamed_run_with_merges_stopped_and_resumed_takes_the_uninterrupted_runs_decisions(tmp_path):

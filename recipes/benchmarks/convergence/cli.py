@@ -7,6 +7,8 @@ from recipes.benchmarks.convergence.comparison import compare, to_target
 from recipes.benchmarks.convergence.figure import plot
 from recipes.benchmarks.convergence.report import format_report, summary
 from recipes.benchmarks.convergence.seeds import CURVES, aggregate
+from recipes.benchmarks.convergence.virtual import format_virtual, plot_virtual
+from recipes.benchmarks.convergence.virtual_runs import run_virtual, virtual_results
 from recipes.benchmarks.toolkit.methods import METHODS
 from recipes.benchmarks.toolkit.options import parse_run_args
 from recipes.benchmarks.toolkit.paths import REPO
@@ -21,8 +23,20 @@ DESCRIPTION = "Convergence per token and per byte: DDP, DiLoCo, AdLoCo and AdLoC
 
 
 def parse_args(argv: list[str] | None = None):
-    """The methods' command line (`toolkit/options.py`), checked."""
-    return parse_run_args(argv, description=DESCRIPTION)
+    """The methods' command line (`toolkit/options.py`), checked; `--clock virtual` needs its bandwidths and budget
+    here (`links` gives its own links)."""
+    args = parse_run_args(argv, description=DESCRIPTION)
+    if args.clock == "virtual":
+        problems = []
+        if not args.bandwidth:
+            problems.append("--bandwidth (the links to price, e.g. 10gbit 1gbit 100mbit)")
+        if args.budget_virtual_seconds is None:
+            problems.append("--budget_virtual_seconds (one per bandwidth, or one for all)")
+        if any("matched_to" in METHODS[n] for n in args.methods):
+            problems.append("no matched method (its batch comes from a real-clock run)")
+        if problems:
+            raise SystemExit("convergence --clock virtual needs " + "; ".join(problems))
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -48,6 +62,8 @@ def main(argv: list[str] | None = None) -> dict:
     for seed in seeds:
         initial_ppl[seed], train_tokens = prepare(settings, seed)
     check_epochs(settings, train_tokens, args.allow_repeats)
+    if args.clock == "virtual":
+        return _virtual(args, settings, output_dir, seeds, names, initial_ppl, start)
     per_seed: dict[str, dict[int, dict]] = {name: {} for name in names}
     runs, done = len(seeds) * len(names), 0
     for seed in seeds:
@@ -94,5 +110,27 @@ def main(argv: list[str] | None = None) -> dict:
     write_report(output_dir, format_report(results))
     if any("curve" in m for m in methods.values()):
         print(f"wrote {plot(results, os.path.join(output_dir, 'convergence.png'))}")
+    print(f"wrote {os.path.join(output_dir, 'results.json')} ({results['total_seconds']:.0f}s in all)")
+    return results
+
+
+def _virtual(args, settings, output_dir, seeds, names, initial_ppl, start) -> dict:
+    """`--clock virtual`: the runs, then per bandwidth the comparison in virtual seconds (`virtual.py`)."""
+
+    def progress(what: str, done: int, total: int) -> None:
+        print(f"--- run {done}/{total}: {what} ({time.perf_counter() - start:.0f}s so far)", flush=True)
+
+    runs = run_virtual(args, settings, output_dir, seeds, names, progress)
+    results = virtual_results(runs, settings, initial_ppl)
+    results.update(
+        settings={k: v for k, v in settings.items() if k != "clock"},
+        seeds=seeds,
+        initial_eval_ppl=initial_ppl,
+        methods=names,
+        total_seconds=time.perf_counter() - start,
+    )
+    write_json(os.path.join(output_dir, "results.json"), results)
+    write_report(output_dir, format_virtual(results))
+    print(f"wrote {plot_virtual(results, os.path.join(output_dir, 'convergence_virtual.png'))}")
     print(f"wrote {os.path.join(output_dir, 'results.json')} ({results['total_seconds']:.0f}s in all)")
     return results

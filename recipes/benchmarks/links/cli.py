@@ -170,7 +170,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argpa
             parse_rate(bandwidth)
         except ValueError as error:
             parser.error(str(error))
-    conv_argv = [*rest, "--output_dir", args.output_dir]
+    conv_argv = [*rest, "--output_dir", args.output_dir, "--methods", *args.methods]
     if args.quick:
         conv_argv.append("--quick")
     conv = parse_run_args(conv_argv)
@@ -261,6 +261,14 @@ def main(argv: list[str] | None = None) -> dict:
                         continue
                     spec = method_spec(name, settings, output_dir, seed=seed, matched_batch_size=matched)
                     spec["output_dir"] = os.path.join(output_dir, bandwidth, name)
+                    if spec.get("clock") is not None:  # --clock virtual: priced on this testbed link alone, the
+                        # bytes its links carry (not scaled to the profile's model: `virtual_clock.bytes_scale`)
+                        spec["clock"].update(
+                            labels=[bandwidth],
+                            bandwidths=[parse_rate(bandwidth)],
+                            budget_seconds=None,
+                            scale_bytes=False,
+                        )
                     runs[name], result = run_one(testbed, spec, bandwidth, initial_ppl, args.reuse, args.burst)
                     raw[name] = runs[name] if result is None else result
                     if matched is not None:

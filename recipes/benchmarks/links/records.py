@@ -18,6 +18,7 @@ __all__ = [
     "record",
     "run_record",
     "steady_rounds",
+    "virtual_per_round",
     "window_bytes",
 ]
 
@@ -123,6 +124,7 @@ def per_round(result: dict, link_bytes_training: int | None, broadcast: int | No
     link = None if link_bytes_training is None else link_bytes_training - (broadcast or 0)
     steady_wall = None if steady is None else steady["wall_seconds_per_round"]
     compute = None if steady is None else steady["compute_seconds_per_round"]
+    virtual = virtual_per_round(result, steady)
     return {
         "rounds": rounds,
         "link_bytes_per_round": None if link is None or not rounds else link / rounds,
@@ -133,7 +135,19 @@ def per_round(result: dict, link_bytes_training: int | None, broadcast: int | No
         "compute_seconds_per_round": compute,
         "steady_vs_compute": ratio(steady_wall, compute),
         "blocked_seconds_per_round": blocked,
+        # With --clock virtual: the clock's seconds per round over the same rounds, and its error against them.
+        "virtual_seconds_per_round": virtual,
+        "virtual_error": None if virtual is None or not steady_wall else virtual / steady_wall - 1,
     }
+
+
+def virtual_per_round(result: dict, steady: dict | None) -> float | None:
+    """The virtual clock's seconds per round (`result["virtual_round_ends"]`, the worker's `VirtualRounds`) over the
+    rounds `steady` measured (from the end of its first round to the end of its last); None without either."""
+    ends = {int(end[0]): end[1] for end in result.get("virtual_round_ends") or []}
+    if steady is None or steady["after_step"] not in ends or steady["to_step"] not in ends:
+        return None
+    return (ends[steady["to_step"]] - ends[steady["after_step"]]) / steady["rounds"]
 
 
 def merged_evaluations(path: str) -> int:

@@ -7,7 +7,7 @@ from recipes.benchmarks.toolkit.results import human_bytes, table
 from recipes.benchmarks.toolkit.stats import ratio
 
 
-__all__ = ["COLUMNS", "PER_ROUND_COLUMNS", "fmt", "format_report", "per_round_rows", "plot"]
+__all__ = ["COLUMNS", "PER_ROUND_COLUMNS", "fmt", "format_report", "per_round_rows", "plot", "virtual_rows"]
 
 COLUMNS = [
     "bandwidth",
@@ -82,6 +82,25 @@ def per_round_rows(bandwidths: dict[str, dict[str, dict]]) -> list[dict]:
                     else f"{run['final_ppl_vs_base']:.3f} ({base})",
                 }
             )
+    return rows
+
+
+def virtual_rows(bandwidths: dict[str, dict[str, dict]]) -> list[dict]:
+    """Per run timed by a virtual clock: its seconds per round against the measured steady rounds."""
+    rows = []
+    for bandwidth, methods in bandwidths.items():
+        for method, run in methods.items():
+            if run.get("virtual_seconds_per_round") is not None:
+                error = run.get("virtual_error")
+                rows.append(
+                    {
+                        "bandwidth": bandwidth,
+                        "method": method,
+                        "steady s/round": run.get("steady_wall_seconds_per_round"),
+                        "virtual s/round": run["virtual_seconds_per_round"],
+                        "error": None if error is None else f"{100 * error:+.1f} %",
+                    }
+                )
     return rows
 
 
@@ -168,6 +187,10 @@ def format_report(results: dict) -> str:
         "diloco's final perplexity at the same bandwidth (- never). ppl vs base: final perplexity / the base "
         "method's.",
     ]
+    virtual = virtual_rows(results["bandwidths"])
+    if virtual:
+        lines += ["", "The virtual clock (--clock virtual) against the measured rounds (the same rounds 2 to R):", ""]
+        lines.append(table(virtual, ["bandwidth", "method", "steady s/round", "virtual s/round", "error"]))
     verdict = {True: "holds", False: "MISSED", None: "n/a"}
     for check in results.get("checks", []):
         diagnostics = check.get("diagnostics", {})

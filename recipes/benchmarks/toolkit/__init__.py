@@ -13,7 +13,10 @@ Training runs of the compared methods (`convergence`, `links`, `gpu_bench`):
   `options`: their command line; `runs`: the data built once, one method's launch and its result;
 - `worker/`: what every launched worker runs (`python -m recipes.benchmarks.toolkit.worker SPEC_JSON`);
 - `data`: a spec's corpus, tokenizer, packed blocks, model and eval perplexity;
-- `step_times`: timestamps of every inner step around AdLoCo's own callback (one process, no launch).
+- `step_times`: timestamps of every inner step around AdLoCo's own callback (one process, no launch);
+- `link_model`: links, device profiles (step seconds by micro-batch size) and the time of every message pattern;
+  `virtual_clock`: the library's `Clock` priced by a device profile and links, the worker's `--clock virtual`;
+  `device_profiles`: the profiles kept under `docs/results/device_profiles/`, read with their source.
 
 Testbeds (root):
 - `testbed`: one network namespace per worker, links rate-limited by `tc tbf`; `machines`: a run's machines on it;

@@ -204,6 +204,9 @@ METHODS: dict[str, dict] = {
     "diloco_b4": {"kind": "adloco", "adloco": {**DILOCO, **FIXED_BATCH}, "batch_size": 4},
     "diloco_b8": {"kind": "adloco", "adloco": {**DILOCO, **FIXED_BATCH}, "batch_size": 8},
     "diloco_b16": {"kind": "adloco", "adloco": {**DILOCO, **FIXED_BATCH}, "batch_size": 16},
+    # b32 runs as two micro-batches of 16 on the CPU profile; the virtual clock's profile sets its own micro-batch
+    # limit for every method (`settings.method_spec`), which runs it whole on an H200.
+    "diloco_b32": {"kind": "adloco", "adloco": {**DILOCO, **FIXED_BATCH}, "batch_size": 32},
     "adloco_goodput": {"kind": "adloco", "adloco": {**ADLOCO, **GOODPUT}, "budget_factor": 1.5},
     # adloco_goodput with the norm test's request instead of the goodput rule (everything else the same: instances,
     # merges, micro-batch 16, square-root learning rate, compact merges): what the rule itself adds.

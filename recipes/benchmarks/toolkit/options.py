@@ -2,9 +2,11 @@
 (`--set SECTION.KEY=JSON`), seeds. `settings.shared_settings` turns it into the settings."""
 
 import argparse
+import os
 
 from recipes.benchmarks.toolkit.methods import DEFAULT_METHODS, METHODS
 from recipes.benchmarks.toolkit.settings import check_matched
+from recipes.benchmarks.toolkit.testbed import parse_rate
 
 
 __all__ = ["parse_run_args"]
@@ -34,6 +36,37 @@ def parse_run_args(argv: list[str] | None = None, description: str | None = None
         default=None,
         help="Training seconds per method (evaluations excluded): every method stops at the end of the first round "
         "after them, the same for all, and --budget_tokens (x each method's budget factor) becomes a ceiling.",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=["real", "virtual"],
+        default="real",
+        help="virtual: every step priced by --device_profile and every round's communication by the link model at "
+        "each --bandwidth (toolkit/virtual_clock.py); seconds, budgets and the goodput rule's timings are virtual.",
+    )
+    parser.add_argument("--device_profile", default=None, help="The virtual clock's device profile (JSON).")
+    parser.add_argument(
+        "--bandwidth",
+        "--bandwidths",
+        nargs="+",
+        default=None,
+        help="The virtual clock's links, e.g. 10gbit 1gbit 100mbit (each worker's own link, both ways).",
+    )
+    parser.add_argument("--latency", type=float, default=1e-4, help="The virtual clock's latency per message (s).")
+    parser.add_argument(
+        "--link_efficiency",
+        type=float,
+        default=0.95,
+        help="The virtual clock's payload share of a link's rate (TCP/IP over Ethernet, MTU 1500: 1448/1514; "
+        "measured 0.95 on the links testbed, DESIGN §9).",
+    )
+    parser.add_argument(
+        "--budget_virtual_seconds",
+        nargs="+",
+        type=float,
+        default=None,
+        help="With --clock virtual: virtual seconds of training per method, one per --bandwidth (or one for all); "
+        "each stops at the end of the first round after them, --budget_tokens a ceiling.",
     )
     parser.add_argument("--batch_size", type=int, default=None, help="Initial per-worker batch (DDP: fixed).")
     parser.add_argument("--learning_rate", type=float, default=None, help="Inner AdamW learning rate (all methods).")
@@ -72,4 +105,39 @@ def parse_run_args(argv: list[str] | None = None, description: str | None = None
     problem = check_matched(args.methods)
     if problem:
         parser.error(problem)
+    check_clock(parser, args)
     return args
+
+
+def check_clock(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The virtual clock's options: a profile, rates that parse, one budget per bandwidth, no DDP (its steps are the
+    plain Trainer's, which the clock does not time)."""
+    virtual = args.clock == "virtual"
+    for name in ("device_profile", "budget_virtual_seconds"):
+        if getattr(args, name) is not None and not virtual:
+            parser.error(f"--{name} needs --clock virtual")
+    if not virtual:
+        return
+    if args.device_profile is None:
+        parser.error("--clock virtual prices the steps with a device profile: pass --device_profile FILE (e.g. "
+                     "docs/results/device_profiles/nvidia-h200-microllama.json)")  # fmt: skip
+    if not os.path.isfile(args.device_profile):
+        parser.error(f"--device_profile {args.device_profile}: no such file")
+    args.device_profile = os.path.abspath(args.device_profile)  # the benchmark then runs from the repository root
+    if "ddp" in args.methods:
+        parser.error("--clock virtual times AdLoCoTrainer's workers; ddp runs the plain Trainer: leave it out")
+    if args.budget_seconds is not None:
+        parser.error("--clock virtual: give the budget in virtual seconds (--budget_virtual_seconds)")
+    for bandwidth in args.bandwidth or ():
+        try:
+            parse_rate(bandwidth)
+        except ValueError as error:
+            parser.error(f"--bandwidth: {error}")
+    budgets, bandwidths = args.budget_virtual_seconds, args.bandwidth or ()
+    if budgets is not None:
+        if any(not b > 0 for b in budgets):
+            parser.error(f"--budget_virtual_seconds must be positive, got {budgets}")
+        if not 0 < args.link_efficiency <= 1:
+            parser.error(f"--link_efficiency must be in (0, 1], got {args.link_efficiency}")
+        if len(budgets) not in (1, len(bandwidths)):
+            parser.error(f"--budget_virtual_seconds: one value, or one per --bandwidth ({len(bandwidths)})")

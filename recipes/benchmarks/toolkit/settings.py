@@ -11,7 +11,10 @@ import json
 import math
 import os
 
+from recipes.benchmarks.toolkit.device_profiles import load_profile
 from recipes.benchmarks.toolkit.methods import METHODS
+from recipes.benchmarks.toolkit.paths import REPO
+from recipes.benchmarks.toolkit.testbed import parse_rate
 
 
 __all__ = [
@@ -20,14 +23,18 @@ __all__ = [
     "CUDA",
     "PROFILES",
     "TRAIN_OVERRIDES",
+    "VIRTUAL_BUDGET_FACTOR",
     "check_epochs",
     "check_matched",
     "deep_merge",
     "matched_batch_size",
     "matched_for",
     "method_spec",
+    "on_links",
+    "reads_clock",
     "run_order",
     "shared_settings",
+    "virtual_clock_settings",
 ]
 
 # Shared settings. `train` is identical for every method; `adloco` applies to every AdLoCoTrainer method before
@@ -120,6 +127,8 @@ PROFILES = {
     ("cuda", "quick"): deep_merge(CUDA, {"budget_tokens": 307_200, "adloco": {"merge_every": 1}, "timeout": 240}),
     ("cuda", "full"): deep_merge(CUDA, {"budget_tokens": 614_400, "timeout": 300}),
 }
+# With --clock virtual, how far past the budget a method without a fixed batch trains (`method_spec`).
+VIRTUAL_BUDGET_FACTOR = 1.5
 TRAIN_OVERRIDES = ("batch_size", "learning_rate", "inner_steps", "eval_every_rounds", "warmup_steps")
 ADLOCO_OVERRIDES = ("eta", "max_batch_size", "batch_size_cap", "merge_every", "outer_lr")
 
@@ -147,6 +156,8 @@ def shared_settings(args: argparse.Namespace) -> dict:
             settings["adloco"][name] = getattr(args, name)
     if args.timeout is not None:
         settings["timeout"] = args.timeout
+    if getattr(args, "clock", "real") == "virtual":
+        settings["clock"] = virtual_clock_settings(args)
     for assignment in args.set:
         key, _, raw = assignment.partition("=")
         try:
@@ -184,7 +195,56 @@ def method_spec(
         if matched_batch_size is None:
             raise ValueError(f"{name} takes its batch from {method['matched_to']}'s run of the same seed: run both")
         spec["train"]["batch_size"] = matched_batch_size
+    clock = spec.get("clock")
+    if clock is not None:
+        if clock["profile"].get("max_micro_batch") is not None:
+            # Switch mode cuts the steps as the profile's device would: its largest micro-batch, for every method.
+            spec["adloco"]["max_batch_size"] = clock["profile"]["max_micro_batch"]
+        # A method without a fixed batch trains past the budget, so that its time to the fixed batches' final
+        # perplexity is measured (the comparison at the budget itself reads its curve there).
+        factor = 1.0 if "batch_size" in method else method.get("budget_factor", VIRTUAL_BUDGET_FACTOR)
+        if clock.get("budget_seconds") is not None:
+            clock["budget_seconds"] = [factor * b for b in clock["budget_seconds"]]
     return spec
+
+
+def virtual_clock_settings(args: argparse.Namespace) -> dict:
+    """The shared `clock` of `--clock virtual`: the device profile (its JSON, source included), the links' rates
+    (bits/s, in `--bandwidth`'s order, with their labels), latency and payload efficiency, and the budget in virtual
+    seconds per link."""
+    bandwidths = list(args.bandwidth or ())
+    budgets = args.budget_virtual_seconds
+    if budgets is not None and len(budgets) == 1:
+        budgets = budgets * len(bandwidths)
+    return {
+        "profile": load_profile(args.device_profile),
+        "profile_file": os.path.relpath(os.path.abspath(args.device_profile), REPO),
+        "labels": bandwidths,
+        "bandwidths": [parse_rate(b) for b in bandwidths],
+        "latency": args.latency,
+        "efficiency": args.link_efficiency,
+        "budget_seconds": budgets,
+    }
+
+
+def reads_clock(spec: dict) -> bool:
+    """Whether a method's decisions read the step timings (the goodput rule, a split by speed): its run then
+    depends on the link its clock prices, and a virtual study runs it once per bandwidth. Any other method trains
+    alike over every link, and one run prices them all."""
+    adloco = spec.get("adloco", {})
+    return adloco.get("batch_size_target") == "goodput" or adloco.get("worker_batch_split") == "speed"
+
+
+def on_links(spec: dict, indices: list[int], output_dir: str) -> dict:
+    """`spec` with its virtual clock on the links `indices` of the shared ones only (the first one is the link its
+    decisions follow), training in `output_dir`."""
+    out = copy.deepcopy(spec)
+    clock = out["clock"]
+    for key in ("labels", "bandwidths", "budget_seconds"):
+        if clock.get(key) is not None:
+            clock[key] = [clock[key][i] for i in indices]
+    out["output_dir"] = output_dir
+    return out
 
 
 def check_matched(names: list[str]) -> str | None:

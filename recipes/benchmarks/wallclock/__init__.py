@@ -48,12 +48,12 @@ tbf-limited veth link measured in DESIGN §9: 12.5 MB in 1.05 s at 100 Mbit/s) a
 The 1B/H100 scenario (`--scenario 1b-h100`): time to target for DDP, DiLoCo and AdLoCo at 0.1 to 100 Gbit/s, with
 every assumption printed and stored.
 
-The package's modules: `link_model` (links, device profiles, message times), `replay` (step and round times, whole
-runs, time at tokens), `runs` (run folders on disk), `validate` (against links), `scenario` (1B/H100); the
-command line is `python -m recipes.benchmarks.wallclock` (`__main__`, with examples).
+The package's modules: `replay` (step and round times, whole runs, time at tokens), `runs` (run folders on disk), `validate` (against links), `scenario` (1B/H100); the
+command line is `python -m recipes.benchmarks.wallclock` (`__main__`, with examples). Links, device profiles and
+message times are the toolkit's `link_model`, which the benchmarks' virtual clock prices with too.
 """
 
-from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link
+from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link
 from recipes.benchmarks.wallclock.replay import (
     RunFacts,
     replay_adloco,

@@ -26,10 +26,10 @@ import os
 from dataclasses import replace
 
 from adloco_hf.inspection import load_rounds
+from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, mbit
 from recipes.benchmarks.toolkit.paths import REPO
 from recipes.benchmarks.toolkit.results import human_bytes, read_json, table, write_json
 from recipes.benchmarks.wallclock.goodput import GoodputAssumptions
-from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link, mbit
 from recipes.benchmarks.wallclock.replay import time_to_targets
 from recipes.benchmarks.wallclock.runs import replay_folder, resolve_run_folder, rounds_folder, seed_of
 from recipes.benchmarks.wallclock.scenario import (

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from adloco_hf import plan_batch
 from adloco_hf.inspection import GoodputModel, StepTimeModel, SwitchMode, choose_request, fit_pass_seconds
-from recipes.benchmarks.wallclock.link_model import (
+from recipes.benchmarks.toolkit.link_model import (
     OUTER_BUCKET_NUMEL,
     DeviceProfile,
     Link,

@@ -7,9 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adloco_hf.inspection import Instance, MergePlan, group_by_round, plan_merge, split_sizes
-from recipes.benchmarks.toolkit.stats import first_reach
-from recipes.benchmarks.toolkit.traffic import ring_all_reduce_bytes, start_broadcast_bytes
-from recipes.benchmarks.wallclock.link_model import (
+from recipes.benchmarks.toolkit.link_model import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
     OUTER_BUCKET_NUMEL,
@@ -21,6 +19,8 @@ from recipes.benchmarks.wallclock.link_model import (
     ring_all_reduce_seconds,
     sequential_messages_seconds,
 )
+from recipes.benchmarks.toolkit.stats import first_reach
+from recipes.benchmarks.toolkit.traffic import ring_all_reduce_bytes, start_broadcast_bytes
 
 
 def micro_batches(batch: int, accumulation_steps: int = 1, device_max_micro_batch: int | None = None) -> list[int]:

@@ -6,9 +6,9 @@ import os
 from typing import Any
 
 from adloco_hf.inspection import load_rounds
+from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link
 from recipes.benchmarks.toolkit.results import read_json
 from recipes.benchmarks.toolkit.traffic import ring_all_reduce_bytes
-from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link
 from recipes.benchmarks.wallclock.replay import RunFacts, replay_adloco, replay_ddp
 
 

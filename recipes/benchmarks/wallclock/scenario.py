@@ -8,10 +8,10 @@ from typing import Any
 from adloco_hf import plan_batch
 from adloco_hf.inspection import group_by_round
 from recipes.benchmarks.toolkit.figures import pyplot, save_figure
+from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, mbit
 from recipes.benchmarks.toolkit.results import table
 from recipes.benchmarks.toolkit.stats import ratio
 from recipes.benchmarks.wallclock.goodput import GoodputAssumptions, goodput_lines, step_time_model
-from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link, mbit
 from recipes.benchmarks.wallclock.replay import (
     RunFacts,
     merge_plan,

@@ -4,9 +4,9 @@ for every method and bandwidth of a links results file, optionally calibrated on
 import os
 from typing import Any
 
+from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, mbit
 from recipes.benchmarks.toolkit.results import table
 from recipes.benchmarks.toolkit.stats import ratio
-from recipes.benchmarks.wallclock.link_model import DeviceProfile, Link, mbit
 from recipes.benchmarks.wallclock.replay import seconds_at_tokens
 from recipes.benchmarks.wallclock.runs import replay_folder
 

@@ -8,8 +8,9 @@ import pytest
 from adloco_hf.instances.table import Instance, MergePlan
 from adloco_hf.reporting.run_log import RunLog, load_rounds
 from adloco_hf.rounds.rows import RoundLine
-from recipes.benchmarks.wallclock import link_model, runs, scenario, validate
+from recipes.benchmarks.toolkit import link_model
 from recipes.benchmarks.wallclock import replay as replays
+from recipes.benchmarks.wallclock import runs, scenario, validate
 
 
 def test_ring_all_reduce_time_by_hand():

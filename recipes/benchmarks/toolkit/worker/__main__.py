@@ -12,8 +12,15 @@ from transformers import default_data_collator
 from recipes.benchmarks.toolkit.cgroups import join_from_environment
 from recipes.benchmarks.toolkit.data import load_data, make_model
 from recipes.benchmarks.toolkit.traffic import ring_all_reduce_bytes, socket_bytes_sent
+from recipes.benchmarks.toolkit.virtual_clock import clock_from_spec
 from recipes.benchmarks.toolkit.worker.arguments import make_arguments
-from recipes.benchmarks.toolkit.worker.callbacks import RoundMarks, StepClock, TimeBudgetStop, TokenBudgetStop
+from recipes.benchmarks.toolkit.worker.callbacks import (
+    RoundMarks,
+    StepClock,
+    TimeBudgetStop,
+    TokenBudgetStop,
+    VirtualRounds,
+)
 from recipes.benchmarks.toolkit.worker.result import shard_epochs, write_result
 from recipes.benchmarks.toolkit.worker.trainers import BenchAdLoCoTrainer, DDPTrainer
 
@@ -44,7 +51,7 @@ def main() -> None:
     )
     clock = StepClock()
     trainer.callback_handler.callbacks.insert(0, clock)  # before AdLoCo's: its on_step_end ends the inner step
-    marks = None
+    marks = virtual_rounds = None
     numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
     tokens_per_step = world * spec["train"]["batch_size"] * spec["block_size"]
     ddp_step_bytes = ring_all_reduce_bytes(4 * numel, world)  # fp32 gradients, one all-reduce per step
@@ -55,16 +62,26 @@ def main() -> None:
             rounds_so_far=lambda: trainer.state.global_step,  # one all-reduce per step
         )
     else:
+        virtual = None
+        if spec.get("clock") is not None:  # the library's timings priced by a device profile and links
+            virtual = clock_from_spec(
+                spec["clock"], world=world, statistics=args.batch_size_test != "none", parameters=numel
+            )
+            trainer.worker.clock = virtual
         trainer.bench_setup(
             tokens_so_far=lambda: trainer.adloco_state.tokens,
             bytes_so_far=lambda: trainer.adloco_state.comm_bytes,
             rounds_so_far=lambda: trainer.adloco_state.rounds,
+            virtual_seconds=None if virtual is None else (lambda: virtual.seconds),
         )
         trainer.add_callback(TokenBudgetStop(trainer, spec["budget_tokens"]))
         marks = RoundMarks(trainer, clock)
         trainer.add_callback(marks)
+        if virtual is not None:  # after AdLoCo's and the token budget's: the round is priced, the stop decided
+            virtual_rounds = VirtualRounds(trainer, virtual, spec["clock"].get("budget_seconds"))
+            trainer.add_callback(virtual_rounds)
     time_stop = None
-    if spec.get("budget_seconds") is not None:
+    if spec.get("budget_seconds") is not None and spec.get("clock") is None:
         round_end = (
             None if kind == "ddp" else (lambda: trainer.adloco_state.last_round_step == trainer.state.global_step)
         )
@@ -103,6 +120,10 @@ def main() -> None:
         "inner_steps_timed": clock.steps,
         "round_marks": None if marks is None else marks.marks,
         "time_budget_stop": None if time_stop is None else time_stop.stopped_at,
+        "virtual_round_ends": None if virtual_rounds is None else virtual_rounds.ends,
+        "virtual_budget_stop": None if virtual_rounds is None else virtual_rounds.stopped_at,
+        "virtual_compute_seconds": None if virtual_rounds is None else virtual_rounds.clock.compute_seconds,
+        "virtual_bytes_scale": None if virtual_rounds is None else virtual_rounds.clock.bytes_scale,
         "slowed": slowed,
     }
     everyone: list[dict] = [None] * world

@@ -11,7 +11,7 @@ from adloco_hf import AdLoCoTrainer
 from recipes.benchmarks.toolkit.worker.trainers import BenchAdLoCoTrainer, BenchmarkMixin
 
 
-__all__ = ["RoundMarks", "StepClock", "TimeBudgetStop", "TokenBudgetStop"]
+__all__ = ["RoundMarks", "StepClock", "TimeBudgetStop", "TokenBudgetStop", "VirtualRounds"]
 
 
 class TokenBudgetStop(TrainerCallback):
@@ -87,3 +87,29 @@ class RoundMarks(TrainerCallback):
         if trainer.adloco_state.last_round_step == state.global_step and trainer.bench_start_time is not None:
             seconds = time.perf_counter() - trainer.bench_start_time
             self.marks.append([state.global_step, seconds, trainer.bench_eval_seconds, self.clock.seconds])
+
+
+class VirtualRounds(TrainerCallback):
+    """With a virtual clock (`toolkit/virtual_clock.py`), at the end of every round (added after AdLoCo's callback,
+    so the round, its outer step and any merge are priced): every worker's seconds become the slowest worker's on
+    every link (one all-reduce of the clock's seconds, as the round end waits for the slowest), the round's end is
+    recorded, and training stops once every link has reached its `budget` of virtual seconds (None: no budget)."""
+
+    def __init__(self, trainer: BenchAdLoCoTrainer, clock, budget: list[float] | None):
+        self.trainer, self.clock, self.budget = trainer, clock, budget
+        self.ends: list[list[float]] = []  # per round: [global step, virtual seconds on each link]
+        self.stopped_at: int | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.trainer.adloco_state.last_round_step != state.global_step:
+            return
+        shared = dist.is_initialized() and dist.get_world_size() > 1
+        device = "cpu" if not shared or dist.get_backend() == "gloo" else args.device
+        seconds = torch.tensor(self.clock.seconds, dtype=torch.float64, device=device)
+        if shared:
+            dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        self.clock.align(seconds.tolist())
+        self.ends.append([state.global_step, *self.clock.seconds])
+        if self.budget is not None and all(s >= b for s, b in zip(self.clock.seconds, self.budget)):
+            control.should_training_stop = True
+            self.stopped_at = state.global_step

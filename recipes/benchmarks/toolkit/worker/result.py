@@ -90,8 +90,9 @@ def write_result(spec, args, trainer, everyone, *, tokens_per_step: int, ddp_ste
         "method": spec["method"],
         "kind": kind,
         "budget_reached": tokens >= spec["budget_tokens"],
-        # The step at which the time budget stopped training (None: the token budget or max_steps did).
-        "stopped_by_time_at": everyone[0].get("time_budget_stop"),
+        # The step at which the time budget stopped training (None: the token budget or max_steps did); with a
+        # virtual clock, the virtual seconds budget.
+        "stopped_by_time_at": everyone[0].get("time_budget_stop") or everyone[0].get("virtual_budget_stop"),
         "final_eval_ppl": final["eval_ppl"],
         "tokens": tokens,
         "comm_rounds": comm_rounds,
@@ -134,6 +135,14 @@ def write_result(spec, args, trainer, everyone, *, tokens_per_step: int, ddp_ste
         "inner_steps_timed_per_rank": [r["inner_steps_timed"] for r in everyone],
         "round_marks_per_rank": None if kind == "ddp" else [r["round_marks"] for r in everyone],
         "slowed_ranks": [r["rank"] for r in everyone if r["slowed"]],  # in the CPU-quota cgroup (cgroups.py)
+        # With a virtual clock (`spec["clock"]`): per round [global step, virtual seconds at its end on each of the
+        # clock's bandwidths] (the same on every worker after the round end's synchronisation), and rank 0's seconds
+        # of device work (steps, outer steps: what no link changes).
+        "virtual_round_ends": everyone[0].get("virtual_round_ends"),
+        "virtual_compute_seconds": everyone[0].get("virtual_compute_seconds"),
+        # The factor on the bytes the clock priced: the profile's model's parameters over the run's.
+        "virtual_bytes_scale": everyone[0].get("virtual_bytes_scale"),
+        "clock": None if spec.get("clock") is None else {k: v for k, v in spec["clock"].items() if k != "profile"},
         # time.time() when the first worker started training and the last one stopped (evaluations included)
         "train_started_at": min(r["started_at"] for r in everyone),
         "train_ended_at": max(r["ended_at"] for r in everyone),

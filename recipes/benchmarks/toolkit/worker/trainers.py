@@ -31,10 +31,13 @@ class BenchmarkMixin:
     All ranks evaluate at the same moments, so the per-rank lists line up and are summed at the end.
     """
 
-    def bench_setup(self, *, tokens_so_far, bytes_so_far, rounds_so_far) -> None:
+    def bench_setup(self, *, tokens_so_far, bytes_so_far, rounds_so_far, virtual_seconds=None) -> None:
+        """`virtual_seconds`: with a virtual clock, its seconds on each link so far (a point's `seconds` are then the
+        first link's, the one the library's decisions read, and `virtual_seconds` keeps every link's)."""
         self.bench_tokens_so_far = tokens_so_far
         self.bench_bytes_so_far = bytes_so_far
         self.bench_rounds_so_far = rounds_so_far
+        self.bench_virtual_seconds = virtual_seconds
         self.bench_start_time: float | None = None  # set when training starts
         self.bench_eval_seconds = 0.0
         self.bench_eval_bytes = 0
@@ -57,8 +60,11 @@ class BenchmarkMixin:
             measured = sent_before - self.bench_start_bytes - self.bench_eval_bytes
         tokens, modelled = self.bench_tokens_so_far(), self.bench_bytes_so_far()
         start = time.perf_counter()
-        # Training seconds so far: since training started, earlier evaluations excluded.
+        # Training seconds so far: since training started, earlier evaluations excluded (virtual: the clock's).
         seconds = None if self.bench_start_time is None else start - self.bench_start_time - self.bench_eval_seconds
+        virtual = None if self.bench_virtual_seconds is None else list(self.bench_virtual_seconds())
+        if virtual is not None:
+            seconds = virtual[0]
         try:
             metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         finally:
@@ -81,6 +87,7 @@ class BenchmarkMixin:
                 "global_step": self.state.global_step,
                 "tokens": tokens,
                 "seconds": seconds,
+                "virtual_seconds": virtual,
                 "inner_steps": self.state.global_step,
                 "rounds": self.bench_rounds_so_far(),
                 "comm_bytes": modelled,

@@ -36,6 +36,10 @@ class DeviceProfile:
         step_overhead_seconds: other per-step work (data loading, the Trainer's bookkeeping).
         outer_seconds: an outer step's local work (pseudo-gradient, outer SGD, θ ← φ), once per round.
         startup_seconds: fixed time at the start of a run, before the first step.
+        statistics_seconds: what a round that measures gradient statistics costs beyond its passes (the hooks'
+            norms, the statistics step's bookkeeping), once per round; 0 where it was not measured.
+        max_micro_batch: the largest micro-batch that fits the device (None: not stated); the virtual clock's
+            runs take it as `max_batch_size`, so switch mode cuts steps as it would there.
     """
 
     micro_batch_seconds: dict[int, float]
@@ -44,6 +48,8 @@ class DeviceProfile:
     outer_seconds: float = 0.0
     startup_seconds: float = 0.0
     source: str = ""
+    statistics_seconds: float = 0.0
+    max_micro_batch: int | None = None
 
     def __post_init__(self):
         if not self.micro_batch_seconds:
@@ -80,6 +86,7 @@ class DeviceProfile:
             step_overhead_seconds=self.step_overhead_seconds * factor,
             outer_seconds=self.outer_seconds * factor,
             startup_seconds=self.startup_seconds * factor,
+            statistics_seconds=self.statistics_seconds * factor,
             source=f"{self.source} × {factor:.4g}",
         )
 
@@ -94,6 +101,8 @@ class DeviceProfile:
             outer_seconds=float(obj.get("outer_seconds", 0.0)),
             startup_seconds=float(obj.get("startup_seconds", 0.0)),
             source=source,
+            statistics_seconds=float(obj.get("statistics_seconds", 0.0)),
+            max_micro_batch=None if obj.get("max_micro_batch") is None else int(obj["max_micro_batch"]),
         )
 
     def to_json(self) -> dict:
@@ -103,6 +112,8 @@ class DeviceProfile:
             "step_overhead_seconds": self.step_overhead_seconds,
             "outer_seconds": self.outer_seconds,
             "startup_seconds": self.startup_seconds,
+            "statistics_seconds": self.statistics_seconds,
+            "max_micro_batch": self.max_micro_batch,
             "source": self.source,
         }
 
