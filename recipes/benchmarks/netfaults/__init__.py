@@ -1,0 +1,43 @@
+"""Network faults (issue 42): links that drop, stall, slow down or split, under the elastic launcher.
+
+Four machines on the links testbed (`toolkit/testbed.py`: a network namespace each, joined by a bridge, every link
+`tc tbf`-limited both ways), each its own elastic launcher with `--max_restarts` and the test suite's worker
+(`tests/scripts/adloco_worker.py`, `train(resume_from_checkpoint="auto")`), as `fault_soak` runs it. The benchmark
+cuts, flaps, slows and splits the links from outside (`toolkit/link_faults.py`), at points of the run it reads from
+the workers' progress and phase files, and restores every link on every exit path. Per scenario: what the user saw,
+the seconds from the fault to the lost worker being named and to the first step after it, the steps trained again,
+and the final merged model against the same run's without the fault.
+
+    python -m recipes.benchmarks.netfaults                          # every scenario (root: namespaces)
+    python -m recipes.benchmarks.netfaults --scenarios down_in_allreduce,down_then_back
+    python -m recipes.benchmarks.netfaults --report_only            # the table of the scenarios run so far
+
+Without root (or without `ip`/`tc`) it prints "skipped: <why>" and exits 0. The modules: `scenarios.py` (what each
+does, pure), `launch.py` (the machines' launches and their logs), `phases.py` (the workers' phase files),
+`driver.py` (a scenario carried out), `measure.py` (its figures, pure), `report.py` (the table, the targets, the
+plot), `cli.py`.
+"""
+
+from recipes.benchmarks.netfaults.cli import main, parse_args
+from recipes.benchmarks.netfaults.measure import detection, fault_window, first_step_after, summary, work_lost
+from recipes.benchmarks.netfaults.report import check_targets, format_report
+from recipes.benchmarks.netfaults.scenarios import SCENARIO_NAMES, Action, Scenario, When, flapping, scenarios
+
+
+__all__ = [
+    "SCENARIO_NAMES",
+    "Action",
+    "Scenario",
+    "When",
+    "check_targets",
+    "detection",
+    "fault_window",
+    "first_step_after",
+    "flapping",
+    "format_report",
+    "main",
+    "parse_args",
+    "scenarios",
+    "summary",
+    "work_lost",
+]
