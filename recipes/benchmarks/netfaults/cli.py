@@ -9,9 +9,10 @@ import time
 from recipes.benchmarks.fault_soak import thin_timeline
 from recipes.benchmarks.netfaults.driver import Watched, run_scenario
 from recipes.benchmarks.netfaults.measure import round_figures, summary
-from recipes.benchmarks.netfaults.report import check_targets, format_report, plot
+from recipes.benchmarks.netfaults.report import check_targets, format_report, plot, write_doc
 from recipes.benchmarks.netfaults.scenarios import CONFIG, SCENARIO_NAMES, Scenario, scenarios
 from recipes.benchmarks.toolkit.machines import machine_info
+from recipes.benchmarks.toolkit.paths import RESULTS
 from recipes.benchmarks.toolkit.results import read_json, write_json, write_report
 from recipes.benchmarks.toolkit.resumed_runs import merged_weights
 from recipes.benchmarks.toolkit.testbed import (
@@ -32,6 +33,7 @@ DESCRIPTION = (
 )
 # Names and addresses of its own, apart from `links`' testbed, so that both can run on one machine.
 PLAN = LinkPlan(workers=4, prefix="adnf", subnet="10.213.89")
+WORKER_TIMEOUT = 30.0  # a dead link named within half a minute; a round's spread here is a few seconds
 # Why a scenario's merged model may differ from the uninterrupted run's (issue 42: "or the difference explained").
 EXPLAINED = {
     "elastic": "after the restart 3 workers draw other batches than 4 did (an elastic resume re-splits the data)",
@@ -45,7 +47,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--scenarios", default=",".join(SCENARIO_NAMES), help=f"comma-separated, of {', '.join(SCENARIO_NAMES)}"
     )
     parser.add_argument("--output_dir", default="outputs/benchmarks/netfaults")
-    parser.add_argument("--worker_timeout", type=float, default=None, help="default: AdLoCoConfig's")
+    parser.add_argument(
+        "--worker_timeout",
+        type=float,
+        default=WORKER_TIMEOUT,
+        help="AdLoCo's worker_timeout, and ddp_timeout with it (the library's default, 1800 s, names a dead link after "
+        "30 minutes)",
+    )
+    parser.add_argument("--results_dir", default=RESULTS, help="where netfaults.json and netfaults.png go")
+    parser.add_argument(
+        "--max_steps", type=int, default=CONFIG["max_steps"], help="steps of every run (the scenarios act by step 50)"
+    )
+    parser.add_argument("--doc", default=None, help="a page whose netfaults section gets the table (docs/faults.md)")
     parser.add_argument("--report_only", action="store_true", help="the table and files from the scenarios run so far")
     args = parser.parse_args(argv)
     args.names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
@@ -55,12 +68,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def default_worker_timeout() -> float:
-    from dataclasses import fields
+def timeouts(worker_timeout: float) -> dict:
+    """The runs' timeouts (docs/faults.md#timeouts): ddp_timeout, torch's backstop on the default group (over which
+    the single instance after the merge runs its outer all-reduce), no longer than worker_timeout, so that a dead link
+    is named within worker_timeout wherever it is met."""
+    return {"worker_timeout": worker_timeout, "ddp_timeout": int(-(-worker_timeout // 1))}
 
-    from adloco_hf import AdLoCoConfig
 
-    return next(f.default for f in fields(AdLoCoConfig) if f.name == "worker_timeout")
+def _same_run(config: dict, other: dict | None) -> bool:
+    """The timeouts do not change what an uninterrupted run computes: a reference is kept across them."""
+    drop = ("worker_timeout", "ddp_timeout")
+    return other is not None and {k: v for k, v in config.items() if k not in drop} == {
+        k: v for k, v in other.items() if k not in drop
+    }
 
 
 def _timeline(watched: Watched) -> list[list[float]]:
@@ -72,7 +92,7 @@ def reference(testbed: Testbed, scenario: Scenario, root: str, config: dict) -> 
     folder = os.path.join(root, "references", scenario.reference_key)
     path = os.path.join(folder, "reference.json")
     done = read_json(path)
-    if done and done.get("config") == {**config, **scenario.config}:
+    if done and _same_run({**config, **scenario.config}, done.get("config")):
         return done
     print(f"  the uninterrupted run ({scenario.reference_key}) ...", flush=True)
     _limit(testbed, scenario.bandwidth)
@@ -101,6 +121,7 @@ def scenario_result(scenario: Scenario, watched: Watched, ref: dict, config: dic
         "expect": scenario.expect,
         "bandwidth": scenario.bandwidth,
         "config": scenario.config,
+        "timeouts": {k: config[k] for k in ("worker_timeout", "ddp_timeout")},
         "seconds": round(watched.ended - watched.started, 1),
         **summary(
             events=watched.events,
@@ -151,8 +172,8 @@ def _spans(watched: Watched) -> list[list[float | None]]:
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
-    worker_timeout = args.worker_timeout or default_worker_timeout()
-    config = {**CONFIG, **({"worker_timeout": args.worker_timeout} if args.worker_timeout else {})}
+    worker_timeout = args.worker_timeout
+    config = {**CONFIG, "max_steps": args.max_steps, **timeouts(worker_timeout)}
     table = scenarios(worker_timeout)
     folder = os.path.join(args.output_dir, "scenarios")
     if not args.report_only:
@@ -185,10 +206,14 @@ def main(argv: list[str] | None = None) -> dict | None:
         print(f"no scenario has run yet in {args.output_dir}")
         return None
     settings = {"workers": PLAN.workers, "bandwidth": "10mbit (100mbit for slow_link*)",
-                "worker_timeout": worker_timeout, "save_steps": config["save_steps"], "config": config}  # fmt: skip
+                "worker_timeout": worker_timeout, "ddp_timeout": config["ddp_timeout"],
+                "save_steps": config["save_steps"], "config": config}  # fmt: skip
     checks = check_targets(results, config["save_steps"])
     report = {"settings": settings, "machine": machine_info(), "scenarios": results, "checks": checks}
-    write_json(os.path.join(args.output_dir, "netfaults.json"), report)
+    os.makedirs(args.results_dir, exist_ok=True)
+    write_json(os.path.join(args.results_dir, "netfaults.json"), report)
     write_report(args.output_dir, format_report(results, checks, settings))
-    plot(results, os.path.join(args.output_dir, "netfaults.png"))
+    plot(results, os.path.join(args.results_dir, "netfaults.png"))
+    if args.doc:
+        write_doc(args.doc, report)
     return report

@@ -79,25 +79,13 @@ def run_scenario(testbed: Testbed, scenario: Scenario, folder: str, config: dict
     spec = worker_spec(out, probe, scenario, config, world)
     progress, phases = Progress(probe, world), Phases(probe, world)
     pending = list(scenario.actions) if actions else []
-    previous: float | None = None
-    stopped = False
     with LinkFaults(testbed) as faults:
         machines = Machines(testbed.plan, scenario.launcher, spec, folder, scenario.deadline + 60, scenario.name)
-        deadline = machines.started + scenario.deadline
-        while machines.running():
-            time.sleep(POLL_SECONDS)
-            progress.read()
-            phases.read()
-            machines.logs.read()
-            while pending:
-                at = event_time(pending[0], progress, phases, previous)
-                if at is None or time.time() < at + pending[0].when.delay:
-                    break
-                previous = _apply(faults, pending.pop(0)).time
-            if time.time() > deadline:
-                stopped = True
-                machines.stop()
-                break
+        try:
+            stopped = _watch(machines, faults, pending, progress, phases, machines.started + scenario.deadline)
+        except BaseException:  # an error or Ctrl-C: no launch of this scenario runs on into the next one
+            machines.stop()
+            raise
         for thread in machines.threads:
             thread.join()
         events = list(faults.events)
@@ -108,6 +96,26 @@ def run_scenario(testbed: Testbed, scenario: Scenario, folder: str, config: dict
         scenario, out, machines.started, time.time(), machines.codes, events, progress, phases,
         machines.logs.lines, stopped, pending,
     )  # fmt: skip
+
+
+def _watch(machines: Machines, faults: LinkFaults, pending: list, progress, phases, deadline: float) -> bool:
+    """Apply each pending action when its event has come, until every launch has ended; True when the deadline
+    passed first (every process of the run then killed)."""
+    previous: float | None = None
+    while machines.running():
+        time.sleep(POLL_SECONDS)
+        progress.read()
+        phases.read()
+        machines.logs.read()
+        while pending:
+            at = event_time(pending[0], progress, phases, previous)
+            if at is None or time.time() < at + pending[0].when.delay:
+                break
+            previous = _apply(faults, pending.pop(0)).time
+        if time.time() > deadline:
+            machines.stop()
+            return True
+    return False
 
 
 def _apply(faults: LinkFaults, action: Action) -> FaultEvent:

@@ -5,7 +5,23 @@ from recipes.benchmarks.toolkit.figures import pyplot, save_figure
 from recipes.benchmarks.toolkit.results import table
 
 
-__all__ = ["COLUMNS", "TOLERANCE", "DETECTION_TARGET_SECONDS", "check_targets", "format_report", "plot", "rows"]
+DOC_BEGIN = "<!-- netfaults:begin: written by `netfaults --doc` from docs/results/netfaults.json; do not edit -->"
+DOC_END = "<!-- netfaults:end -->"
+
+
+__all__ = [
+    "COLUMNS",
+    "DETECTION_TARGET_SECONDS",
+    "DOC_BEGIN",
+    "DOC_END",
+    "TOLERANCE",
+    "check_targets",
+    "doc_section",
+    "format_report",
+    "plot",
+    "rows",
+    "write_doc",
+]
 
 TOLERANCE = 1e-6  # the merged model against the uninterrupted run's
 DETECTION_TARGET_SECONDS = 60.0  # a dead link named within a minute (issue 42)
@@ -122,3 +138,32 @@ def plot(results: list[dict], path: str) -> str:
     if shown:
         axes[0, 0].legend(fontsize=7, loc="lower right")
     return save_figure(fig, path)
+
+
+def doc_section(report: dict) -> str:
+    """The docs page's table, its settings and the targets that missed, from `netfaults.json` alone."""
+    settings, results = report["settings"], report["scenarios"]
+    missed = [f"{c['scenario']}: {c['target']}" for c in report["checks"] if not c["holds"]]
+    lines = [
+        table(rows(results), COLUMNS),
+        "",
+        f"{settings['workers']} machines at {settings['bandwidth']} per link, worker_timeout "
+        f"{settings['worker_timeout']:g} s, ddp_timeout {settings['ddp_timeout']:g} s, a checkpoint every "
+        f"{settings['save_steps']} steps; {len(results)} scenarios, "
+        f"{sum(c['holds'] for c in report['checks'])} of {len(report['checks'])} targets hold.",
+    ]
+    if missed:
+        lines.append("Missed: " + "; ".join(missed) + ".")
+    return "\n".join(lines)
+
+
+def write_doc(path: str, report: dict) -> None:
+    """Replace the text between `DOC_BEGIN` and `DOC_END` of `path` with `doc_section(report)`."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if DOC_BEGIN not in text or DOC_END not in text:
+        raise ValueError(f"{path} has no netfaults section: put the lines {DOC_BEGIN!r} and {DOC_END!r} around it")
+    head, rest = text.split(DOC_BEGIN, 1)
+    tail = rest.split(DOC_END, 1)[1]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{head}{DOC_BEGIN}\n{doc_section(report)}\n{DOC_END}{tail}")

@@ -95,7 +95,7 @@ class Scenario:
     expect: str = "no_restart"
     config: dict = field(default_factory=dict)
     bandwidth: str = BANDWIDTH
-    deadline: float = 900.0
+    deadline: float = 480.0
 
     def __post_init__(self):
         if self.launcher not in LAUNCHERS:
