@@ -1,6 +1,8 @@
 """The netfaults table and figure (pure but for the plot): one row per scenario, the targets checked, and a timeline of
 every scenario's steps with its faults shaded."""
 
+import re
+
 from recipes.benchmarks.toolkit.figures import pyplot, save_figure
 from recipes.benchmarks.toolkit.results import table
 
@@ -45,6 +47,7 @@ def _user_saw(result: dict) -> str:
     if message is None:
         text = "nothing: the run rode it out" if not result.get("restarts") else "a restart, no named worker"
     else:
+        message = re.sub(r"\b(?:\w+\.)+(\w+Error)\b", r"\1", message)  # the class, not its module path
         text = message if len(message) <= 110 else message[:107] + "..."
     if result.get("restarts"):
         text += f" -> {result['restarts']} restart(s), resumed from checkpoint-{result.get('resumed_from')}"
@@ -154,6 +157,8 @@ def doc_section(report: dict) -> str:
     ]
     if missed:
         lines.append("Missed: " + "; ".join(missed) + ".")
+    lines += ["", "The scenarios:", ""]
+    lines += [f"- `{r['scenario']}` ({r.get('launcher')}): {r.get('what')}" for r in results]
     return "\n".join(lines)
 
 

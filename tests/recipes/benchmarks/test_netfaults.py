@@ -148,7 +148,8 @@ def test_the_targets_name_what_missed():
     results = [
         _result("brief"),
         _result("brief_restarted", restarts=1),
-        _result("dead", expect="restart", restarts=1, detected_seconds=75.0, work_lost_steps=30),
+        _result("dead", expect="restart", restarts=1, detected_seconds=75.0, work_lost_steps=30, resumed_from=40,
+                message="adloco_hf.common.distributed.WorkerTimeoutError: AdLoCo, round 5 (step 50): worker rank(s) 2"),
         _result("elastic", expect="elastic", restarts=1, detected_seconds=40.0, merged_max_difference=0.01,
                 difference_explained="re-split"),
     ]  # fmt: skip
@@ -159,7 +160,11 @@ def test_the_targets_name_what_missed():
     assert checks[("elastic", "named within 60 s")] and ("elastic", "merged model within 1e-6") not in checks
     text = netfaults.format_report(results, netfaults.check_targets(results, 20), {"workers": 4})
     assert "target dead: named within 60 s: MISSED" in text
-    assert "nothing: the run rode it out" in text
+    assert "nothing: the run rode it out" in text and "adloco_hf.common" not in text
+    assert (
+        " WorkerTimeoutError: AdLoCo, round 5 (step 50): worker rank(s) 2 -> 1 restart(s), resumed from checkpoint-40"
+        in text
+    )
 
 
 def test_unknown_scenarios_are_refused_and_no_root_skips(monkeypatch, capsys, tmp_path):
@@ -169,3 +174,19 @@ def test_unknown_scenarios_are_refused_and_no_root_skips(monkeypatch, capsys, tm
     monkeypatch.setattr("recipes.benchmarks.netfaults.cli.unavailable_reason", lambda: "network namespaces need root")
     assert netfaults.main(["--scenarios", "partition", "--output_dir", str(tmp_path)]) is None
     assert "skipped: network namespaces need root" in capsys.readouterr().out
+
+
+def test_the_docs_section_is_written_between_its_markers_from_the_report_alone(tmp_path):
+    results = [_result("brief"), _result("dead", expect="restart", restarts=1, detected_seconds=75.0)]
+    settings = {"workers": 4, "bandwidth": "10mbit", "worker_timeout": 30.0, "ddp_timeout": 30, "save_steps": 20}
+    report = {"settings": settings, "scenarios": results, "checks": netfaults.check_targets(results, 20)}
+    page = tmp_path / "faults.md"
+    page.write_text(f"# Faults\n\n{netfaults.DOC_BEGIN}\nold table\n{netfaults.DOC_END}\n\nafter\n")
+    netfaults.write_doc(str(page), report)
+    text = page.read_text()
+    assert "old table" not in text and text.endswith(f"{netfaults.DOC_END}\n\nafter\n")
+    assert netfaults.doc_section(report) in text
+    assert "worker_timeout 30 s, ddp_timeout 30 s" in text and "Missed: dead: named within 60 s." in text
+    page.write_text("# Faults without markers\n")
+    with pytest.raises(ValueError, match="has no netfaults section"):
+        netfaults.write_doc(str(page), report)
