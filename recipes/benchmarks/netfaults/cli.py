@@ -6,9 +6,9 @@ import argparse
 import os
 import time
 
-from recipes.benchmarks.fault_soak import thin_timeline
+from recipes.benchmarks.fault_soak import Progress, thin_timeline
 from recipes.benchmarks.netfaults.driver import Watched, run_scenario
-from recipes.benchmarks.netfaults.measure import round_figures, summary
+from recipes.benchmarks.netfaults.measure import round_figures, summary, work_lost
 from recipes.benchmarks.netfaults.report import check_targets, format_report, plot, write_doc
 from recipes.benchmarks.netfaults.scenarios import CONFIG, SCENARIO_NAMES, Scenario, scenarios
 from recipes.benchmarks.toolkit.machines import machine_info
@@ -170,6 +170,17 @@ def _spans(watched: Watched) -> list[list[float | None]]:
     return spans
 
 
+def remeasured(result: dict, runs: str) -> dict:
+    """`result` with the work lost measured again from its run's progress files, where they are kept (the measure
+    may have been refined since the scenario ran)."""
+    probe = os.path.join(runs, result["scenario"], "probe")
+    if "error" in result or not os.path.isdir(probe):
+        return result
+    progress = Progress(probe, PLAN.workers)
+    progress.read()
+    return {**result, "work_lost_steps": work_lost(progress.starts, progress.steps)}
+
+
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
     worker_timeout = args.worker_timeout
@@ -201,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict | None:
             print(f"skipped: {error}", flush=True)
             return None
     results = [read_json(os.path.join(folder, f"{name}.json")) for name in SCENARIO_NAMES]
-    results = [r for r in results if r is not None]
+    results = [remeasured(r, os.path.join(args.output_dir, "runs")) for r in results if r is not None]
     if not results:
         print(f"no scenario has run yet in {args.output_dir}")
         return None

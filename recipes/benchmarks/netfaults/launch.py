@@ -31,13 +31,16 @@ LAST_CALL_SECONDS = 20
 JOIN_SECONDS = 240
 
 
-def torchrun_command(plan: LinkPlan, spec_json: str, port: int, run_id: str, max_restarts: int) -> list[str]:
-    """One machine's `torchrun` of an elastic run: at least `plan.workers - 1` machines, at most `plan.workers`."""
+def torchrun_command(plan: LinkPlan, k: int, spec_json: str, port: int, run_id: str, max_restarts: int) -> list[str]:
+    """Machine K's `torchrun` of an elastic run: at least `plan.workers - 1` machines, at most `plan.workers`. Machine 0
+    hosts the rendezvous store (`is_host`: torchrun would look for the endpoint's address among the host names,
+    which in a namespace resolve to the loopback, and no machine would host it)."""
+    conf = f"join_timeout={JOIN_SECONDS},last_call_timeout={LAST_CALL_SECONDS},is_host={str(k == 0).lower()}"
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", f"{plan.workers - 1}:{plan.workers}", "--nproc-per-node", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{plan.address(0)}:{port}", "--rdzv-id", run_id,
-        "--rdzv-conf", f"join_timeout={JOIN_SECONDS},last_call_timeout={LAST_CALL_SECONDS}",
+        "--rdzv-conf", conf,
         "--max-restarts", str(max_restarts), "--monitor-interval", "1",
         WORKER, spec_json,
     ]  # fmt: skip
@@ -48,7 +51,7 @@ def machine_command(
 ) -> list[str]:
     """Machine K's launch, in its namespace."""
     if launcher == "torchrun":
-        inner = torchrun_command(plan, spec_json, port, run_id, max_restarts)
+        inner = torchrun_command(plan, k, spec_json, port, run_id, max_restarts)
     else:
         inner = launch_command(
             WORKER, spec_json, num_processes=plan.workers, num_machines=plan.workers, machine_rank=k,

@@ -60,7 +60,8 @@ def work_lost(starts: dict, steps: dict) -> int:
     lost = 0
     for attempt in sorted(steps):
         reached = max((s for points in steps[attempt].values() for s, _ in points), default=None)
-        resumed = starts.get(attempt + 1)
+        # the next attempt that started training (one that failed before it, as during a partition, is skipped)
+        resumed = next((starts[a] for a in sorted(starts) if a > attempt and starts[a]), None)
         if reached is not None and resumed:
             lost += max(0, reached - min(resumed.values()))
     return lost

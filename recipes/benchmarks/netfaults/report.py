@@ -51,6 +51,9 @@ def _user_saw(result: dict) -> str:
         text = message if len(message) <= 110 else message[:107] + "..."
     if result.get("restarts"):
         text += f" -> {result['restarts']} restart(s), resumed from checkpoint-{result.get('resumed_from')}"
+    failed = [code for code in result.get("exit_codes", []) if code]
+    if failed:  # the launchers gave up (their restarts spent): a person must resume it
+        text += f" -> the launches failed (exit codes {result['exit_codes']}), no merged model"
     return text
 
 

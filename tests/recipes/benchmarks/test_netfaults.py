@@ -132,6 +132,13 @@ def test_a_restart_is_measured_from_the_fault_to_the_named_worker_and_the_next_a
     assert row["message"].startswith("adloco_hf")
 
 
+def test_work_lost_skips_an_attempt_that_failed_before_training():
+    # attempt 1 failed before its first step (the partition still on); attempt 2 resumed from checkpoint-40
+    starts = {0: {0: 0}, 1: {}, 2: {0: 40, 1: 40}}
+    steps = {0: {0: [(47, 1.0)], 1: [(48, 1.0)]}, 2: {0: [(41, 9.0)]}}
+    assert netfaults.work_lost(starts, steps) == 8
+
+
 def test_without_a_restart_the_first_step_after_is_the_next_round_end():
     steps = {0: {0: [(18, 90.0), (19, 95.0), (20, 104.0), (21, 105.0)], 1: [(20, 103.0)]}}
     assert netfaults.first_step_after({0: {0: 0}}, steps, 100.0, 10) == 103.0
@@ -158,7 +165,9 @@ def test_the_targets_name_what_missed():
     assert not checks[("dead", "named within 60 s")]
     assert not checks[("dead", "work lost <= one checkpoint interval")]
     assert checks[("elastic", "named within 60 s")] and ("elastic", "merged model within 1e-6") not in checks
+    results.append(_result("store", expect="restart", exit_codes=[1, 1, 1, 1], merged_max_difference=None))
     text = netfaults.format_report(results, netfaults.check_targets(results, 20), {"workers": 4})
+    assert "the launches failed (exit codes [1, 1, 1, 1]), no merged model" in text
     assert "target dead: named within 60 s: MISSED" in text
     assert "nothing: the run rode it out" in text and "adloco_hf.common" not in text
     assert (
@@ -190,3 +199,19 @@ def test_the_docs_section_is_written_between_its_markers_from_the_report_alone(t
     page.write_text("# Faults without markers\n")
     with pytest.raises(ValueError, match="has no netfaults section"):
         netfaults.write_doc(str(page), report)
+
+
+def test_machine_0_hosts_the_torchrun_rendezvous_and_every_machine_runs_in_its_namespace():
+    from recipes.benchmarks.netfaults.launch import machine_command
+
+    first = machine_command(PLAN, 0, "torchrun", "{}", 29500, "run")
+    other = machine_command(PLAN, 2, "torchrun", "{}", 29500, "run")
+    assert first[:4] == ["ip", "netns", "exec", "adnf-w0"] and other[3] == "adnf-w2"
+    assert "is_host=true" in first[first.index("--rdzv-conf") + 1]
+    assert "is_host=false" in other[other.index("--rdzv-conf") + 1]
+    assert (
+        other[other.index("--nnodes") + 1] == "3:4"
+        and other[other.index("--rdzv-endpoint") + 1] == "10.213.89.10:29500"
+    )
+    static = machine_command(PLAN, 1, "accelerate", "{}", 29500, "run")
+    assert static[static.index("--max_restarts") + 1] == "3" and static[static.index("--machine_rank") + 1] == "1"
