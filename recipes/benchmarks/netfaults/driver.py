@@ -33,6 +33,7 @@ def worker_spec(out: str, probe: str, scenario: Scenario, config: dict, world_si
         "resume": "auto",
         "progress": True,
         "phases": True,
+        "final_gather": False,  # every weight over a 1 Mbit/s link would outlast ddp_timeout after the run
         "num_samples": config["max_steps"] * config["batch_size_cap"] * world_size,
     }
 
