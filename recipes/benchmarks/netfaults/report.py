@@ -53,7 +53,11 @@ def _user_saw(result: dict) -> str:
         text += f" -> {result['restarts']} restart(s), resumed from checkpoint-{result.get('resumed_from')}"
     failed = [code for code in result.get("exit_codes", []) if code]
     if failed:  # the launchers gave up (their restarts spent): a person must resume it
-        text += f" -> the launches failed (exit codes {result['exit_codes']}), no merged model"
+        text += f" -> the launches failed (exit codes {result['exit_codes']})"
+        if result.get("merged_max_difference") is None:
+            text += ", no merged model"
+        else:
+            text += " after training"
     return text
 
 
