@@ -240,7 +240,8 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
         worker_timeout (`float`, *optional*, defaults to `1800`):
             Seconds a worker waits for the others at the end of a round (and for any collective of AdLoCo) before
             stopping with an error that names the missing ranks and the round. Keep it above the slowest round's
-            spread between workers.
+            spread between workers, and at most `ddp_timeout` (refused otherwise). A machine whose link dies is
+            named after it: docs/faults.md#timeouts.
         max_skipped_rounds (`int`, *optional*, defaults to `3`):
             An instance that skips more than this many rounds in a row (a NaN or inf pseudo-gradient each time)
             stops the run with `SkippedRoundsError`, naming the instance, its workers and those whose loss was not

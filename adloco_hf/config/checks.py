@@ -14,6 +14,7 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from .choices import WORKER_PARALLELISMS
 from .fields import GROUPS
+from .timeouts import check_timeouts
 
 
 __all__ = [
@@ -111,6 +112,7 @@ def check_adloco(config: TrainingArguments) -> None:
         )
     if not config.worker_timeout > 0:
         raise ValueError(f"worker_timeout={config.worker_timeout}: set a positive number of seconds (e.g. 600).")
+    check_timeouts(config)
     if config.max_skipped_rounds is not None and config.max_skipped_rounds < 0:
         raise ValueError(f"max_skipped_rounds={config.max_skipped_rounds}: set 0 or more, or None (never stop).")
     if not 0 < config.memory_fraction <= 1:

@@ -1,6 +1,7 @@
 """A worker of the multi-process tests: `accelerate launch --multi_gpu --num_processes P adloco_worker.py SPEC_JSON`.
 
-SPEC_JSON holds `output_dir`, `world_size` (asserted inside every worker), `config` (AdLoCoConfig overrides),
+SPEC_JSON holds `output_dir`, `world_size` (asserted inside every worker; a list: any of them), `config` (AdLoCoConfig
+overrides),
 `probe_dir` (where workers write what they observed) and optional `eval`, `resume`, `nan`, `fail`, `kill_in_save`,
 `stream` (train on a PackedStream of local shards, see `streamed_data`),
 `hang_in_save` ([rank, step]: that rank sleeps inside its checkpoint save) and `disk_full` ([rank, step, target]:
@@ -11,8 +12,10 @@ final `merged/` save, its weights written but the folder not yet renamed into pl
 `probe_resume` (right after AdLoCo restored a checkpoint: φ, momentum and AdamW moments to `resume-rank{R}.safetensors`),
 `record_collate` (the process that collated every batch of the training loader, and its size, to
 `collate-rank{R}.jsonl`: with `dataloader_num_workers` the loader's worker processes),
-`model` (`tiny_llama_config` overrides: a heavier step), `kills` and `progress` (SIGKILLs at chosen points of chosen
-launch attempts, and every attempt's start and steps with their wall time: `scripts/restarts.py`), `slow` ({rank or
+`final_gather` (default true: the workers' final weights all-gathered and compared),
+`model` (`tiny_llama_config` overrides: a heavier step), `kills`, `progress` and `phases` (SIGKILLs at chosen points
+of chosen launch attempts, every attempt's start and steps with their wall time, and when each outer step and merge
+begin and end: `scripts/restarts.py`), `slow` ({rank or
 "all": seconds}: a delay per sample inside every inner step of those ranks, a slow worker) and `step_clock`
 (`helpers.StepClock`'s arguments: the goodput rule's step timings from a deterministic clock).
 Assertions that need several ranks' tensors run here, inside the workers; the test reads the probe files.
@@ -437,7 +440,9 @@ def main() -> None:
             **spec["config"],
         }
     )
-    assert dist.is_initialized() and dist.get_world_size() == spec["world_size"], dist.get_world_size()
+    # A list: any of these world sizes (an elastic launcher may restart the run with fewer machines).
+    sizes = spec["world_size"] if isinstance(spec["world_size"], list) else [spec["world_size"]]
+    assert dist.is_initialized() and dist.get_world_size() in sizes, dist.get_world_size()
     rank = dist.get_rank()
     probe_dir = spec["probe_dir"]
     os.makedirs(probe_dir, exist_ok=True)
@@ -566,10 +571,16 @@ def main() -> None:
         from restarts import record_progress
 
         record_progress(trainer, rank, probe_dir)
+    if spec.get("phases"):  # when each outer step and merge begin and end (the netfaults benchmark's triggers)
+        from restarts import record_phases
+
+        record_phases(trainer, rank, probe_dir)
     trainer.train(resume_from_checkpoint=spec.get("resume"))
     final = flat_params(trainer.model)
-    stacked = gather_params(trainer.model)
-    assert torch.equal(stacked, stacked[:1].expand_as(stacked)), "workers hold different models at the end"
+    if spec.get("final_gather", True):  # False: no all-gather of every weight (over a 1 Mbit/s link it outlasts the
+        # run's ddp_timeout: the netfaults benchmark's slowed link)
+        stacked = gather_params(trainer.model)
+        assert torch.equal(stacked, stacked[:1].expand_as(stacked)), "workers hold different models at the end"
     safetensors.torch.save_file(
         {"params": final.contiguous()}, os.path.join(probe_dir, f"final-rank{rank}.safetensors")
     )

@@ -9,7 +9,9 @@ worker `rank` kills itself with SIGKILL (no handler runs, nothing is flushed) at
 - "final_merge": on entering the final merge (`step` is ignored).
 With the spec's `"progress": true` every rank appends its attempts' starts (the step each resumed from) and steps,
 with the wall time, to `progress-rank{R}.jsonl` (`ProgressRecorder`; read by `recipes/benchmarks/fault_soak/progress.py`'s
-`Progress`): how much work each kill cost, and where each worker stopped.
+`Progress`): how much work each kill cost, and where each worker stopped. With `"phases": true` it also appends, to
+`phases-rank{R}.jsonl`, when each round's outer step and each merge begin and end (`record_phases`): the
+`netfaults` benchmark cuts a link in the middle of one.
 """
 
 import json
@@ -21,6 +23,7 @@ from transformers import TrainerCallback
 
 import adloco_hf.instances.merges as merging
 import adloco_hf.trainer.staged_save as staged_save
+from adloco_hf.worker.outer_sync import OuterSync
 from adloco_hf.worker.round_end import RoundEnd
 
 
@@ -67,6 +70,30 @@ class ProgressRecorder(TrainerCallback):
 
 def record_progress(trainer, rank: int, probe_dir: str) -> None:
     trainer.add_callback(ProgressRecorder(os.path.join(probe_dir, f"progress-rank{rank}.jsonl")))
+
+
+def record_phases(trainer, rank: int, probe_dir: str) -> None:
+    """Append `{"attempt", "phase": "outer" | "merge", "edge": "begin" | "end", "step", "time"}` to
+    `phases-rank{R}.jsonl`, flushed at once, around this worker's outer step (its all-reduce) and every merge."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    file = open(os.path.join(probe_dir, f"phases-rank{rank}.jsonl"), "a", encoding="utf-8")
+
+    def mark(phase: str, edge: str) -> None:
+        entry = {"attempt": attempt, "phase": phase, "edge": edge, "step": trainer.state.global_step}
+        file.write(json.dumps({**entry, "time": time.time()}) + "\n")
+        file.flush()
+
+    def around(phase, original):
+        def marked(*args, **kwargs):
+            mark(phase, "begin")
+            result = original(*args, **kwargs)
+            mark(phase, "end")
+            return result
+
+        return marked
+
+    OuterSync.round_end = around("outer", OuterSync.round_end)
+    merging.merge_at_round_end = around("merge", merging.merge_at_round_end)
 
 
 def arm_kills(trainer, kills: list, rank: int, probe_dir: str, hold_for_signal: list | None = None) -> None:

@@ -1,0 +1,5 @@
+from recipes.benchmarks.netfaults.cli import main
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""The workers' phase files read as they grow: when each worker's outer steps and merges began and ended.
+
+`tests/scripts/restarts.py`'s `record_phases` appends `{"attempt", "phase", "edge", "step", "time"}` to
+`phases-rank{R}.jsonl` around every outer step (`"outer"`: the pseudo-gradient's all-reduce) and merge (`"merge"`).
+"""
+
+import json
+import os
+
+
+__all__ = ["Phases"]
+
+
+class Phases:
+    """Every worker's phase events, read as they grow: `events` = [(time, rank, attempt, phase, edge, step)]."""
+
+    def __init__(self, probe: str, world_size: int):
+        self.probe, self.world_size, self.offsets = probe, world_size, {}
+        self.events: list[tuple[float, int, int, str, str, int]] = []
+
+    def read(self) -> None:
+        for rank in range(self.world_size):
+            path = os.path.join(self.probe, f"phases-rank{rank}.jsonl")
+            if not os.path.exists(path):
+                continue
+            with open(path, encoding="utf-8") as f:
+                f.seek(self.offsets.get(path, 0))
+                while (line := f.readline()).endswith("\n"):  # a line still being written waits for the next read
+                    self.offsets[path] = f.tell()
+                    e = json.loads(line)
+                    self.events.append((e["time"], rank, e["attempt"], e["phase"], e["edge"], e["step"]))
+
+    def first_begin(self, phase: str, step: int, attempt: int) -> float | None:
+        """When the first worker of `attempt` began `phase` at step `step` or later (None: none has yet)."""
+        times = [
+            t for t, _, a, p, edge, s in self.events if a == attempt and p == phase and edge == "begin" and s >= step
+        ]
+        return min(times, default=None)
+
+    def span(self, phase: str, step: int, attempt: int) -> tuple[float, float] | None:
+        """(first begin, last end) of `phase` at exactly `step` in `attempt` over every worker; None if it never ended
+        on some worker that began it."""
+        begins = [t for t, _, a, p, e, s in self.events if (a, p, e, s) == (attempt, phase, "begin", step)]
+        ends = [t for t, _, a, p, e, s in self.events if (a, p, e, s) == (attempt, phase, "end", step)]
+        if not begins or len(ends) < len(begins):
+            return None
+        return min(begins), max(ends)
