@@ -21,6 +21,7 @@ __all__ = [
     "check_fragments",
     "check_goodput",
     "check_inner_steps_rule",
+    "check_loader_processes",
     "check_processes_per_worker",
     "check_schedule",
     "check_worker_parallelism",
@@ -121,16 +122,30 @@ def check_adloco(config: TrainingArguments) -> None:
         )
     if not config.ignore_data_skip:
         raise ValueError("ignore_data_skip=False would replay batches on resume; leave it True.")
-    if config.dataloader_num_workers != 0:
-        raise ValueError(
-            f"dataloader_num_workers={config.dataloader_num_workers}: set 0. The batch size changes between rounds "
-            "and DataLoader worker processes would prefetch batches of the old size (pre-tokenised, packed "
-            "datasets need no loader workers)."
-        )
+    check_loader_processes(config)
     if config.load_best_model_at_end:
         raise ValueError(
             "load_best_model_at_end=True is not supported: the final model is the merge of the instances. "
             "Set it to False and pick a checkpoint from the eval logs if needed."
+        )
+
+
+def check_loader_processes(config: TrainingArguments) -> None:
+    """DataLoader worker processes prefetch batches that a change of batch size re-plans (`sampling/prefetch.py`):
+    that needs the batches back in the order they were planned."""
+    workers = config.dataloader_num_workers
+    if int(workers) != workers or workers < 0:
+        raise ValueError(f"dataloader_num_workers={workers}: set 0 (load in the training process) or more.")
+    if workers > 0 and not getattr(config, "dataloader_in_order", True):
+        raise ValueError(
+            "dataloader_in_order=False hands batches over as the loader processes finish them, but AdLoCo re-plans "
+            "the batches drawn ahead when the batch size changes and must receive them in the order it planned them; "
+            "set dataloader_in_order=True."
+        )
+    if workers == 0 and config.dataloader_persistent_workers:
+        raise ValueError(
+            "dataloader_persistent_workers=True needs loader processes: set dataloader_num_workers > 0, or leave "
+            "dataloader_persistent_workers False."
         )
 
 

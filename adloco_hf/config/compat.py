@@ -10,7 +10,8 @@ Every field of `TrainingArguments` (transformers 5.23) was checked against what 
 | `deepspeed`, `fsdp`, `parallelism_config` | refused | they shard the model; each worker trains a full copy |
 | `enable_jit_checkpoint` | refused | saves at any step on SIGTERM; workers agree only at a round's end |
 | `optim` = `lomo`, `adalomo`, `*_layerwise` | refused | they step inside backward: micro-batches cannot accumulate |
-| `gradient_accumulation_steps`, `average_tokens_across_devices`, `ignore_data_skip`, `dataloader_num_workers`, `load_best_model_at_end`, epoch strategies | refused | (`config/checks.py`: `check_adloco`, `check_schedule`) |
+| `gradient_accumulation_steps`, `average_tokens_across_devices`, `ignore_data_skip`, `load_best_model_at_end`, epoch strategies | refused | (`config/checks.py`: `check_adloco`, `check_schedule`) |
+| `dataloader_in_order=False` with `dataloader_num_workers > 0` | refused | batches drawn ahead are re-planned when the size changes, matched in order (`check_loader_processes`) |
 | `torch_compile` (and its backend/mode) | warned | runs; the first change of batch shape recompiles once, with a dynamic batch dimension that then serves every size (measured below) |
 | `ddp_find_unused_parameters`, `ddp_bucket_cap_mb`, `ddp_broadcast_buffers`, `ddp_static_graph` | warned | no DDP |
 | AdLoCo's `batch_size_cap` in (`max_batch_size`, `switch_threshold` × `max_batch_size`] | warned | switch mode runs those requests as `max_batch_size`: nothing accumulates |

@@ -143,6 +143,11 @@ class PackedPart:
         describe = getattr(self.source, "describe", None)
         return describe() if describe is not None else type(self.source).__name__
 
+    @property
+    def reading_pass(self) -> int | None:
+        """The pass over the documents that the last tokenised document belongs to (None: the source does not say)."""
+        return getattr(self.source, "reading_pass", None)
+
     def _read_documents(self) -> None:
         texts = []
         for _ in range(self.tokenize_documents):

@@ -4,8 +4,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from torch.utils.data import IterableDataset, Sampler
 
+from .prefetch import AdaptiveDataLoader, InFlight, LoaderSettings, PlansAhead
 from .reshard import bridge, check_old_states, check_world_size
 
 
@@ -19,7 +20,7 @@ def positive_batch_size(value) -> int:
     return int(value)
 
 
-class AdaptiveBatchSampler(Sampler[list[int]]):
+class AdaptiveBatchSampler(PlansAhead, Sampler[list[int]]):
     """Yields lists of dataset indices forever; `batch_size` may be changed at any time and applies to the next batch.
 
     Every pass over the data draws a fresh permutation of all indices from a generator seeded with `seed + pass`
@@ -32,8 +33,10 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
     had started (`reshard_sampler_states`, see `sampling/reshard.py`): each new worker first draws its part of that *bridge*,
     then regular passes with the new layout. Within every pass no sample is lost or drawn twice.
 
-    Use it as the `batch_sampler` of a plain `DataLoader` with `num_workers=0`: worker processes would prefetch
-    batches drawn with the old batch size.
+    Iterated as the `batch_sampler` of a plain `DataLoader`, it draws each batch when the loader asks for it: use
+    `num_workers=0` there. [`adaptive_train_loader`] builds an [`AdaptiveDataLoader`], whose worker processes may
+    prefetch: a change of `batch_size` then re-plans the batches drawn ahead, and `state_dict()` is the position
+    before the first batch training has not received (`sampling/prefetch.py`).
 
     Args:
         num_samples: the dataset's length.
@@ -76,6 +79,7 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
         # (pass, indices); `_bridge_pos` counts what was drawn of all parts.
         self._bridge: list[tuple[int, list[int]]] = []
         self._bridge_pos = 0
+        self._in_flight = InFlight()
 
     @property
     def batch_size(self) -> int:
@@ -83,7 +87,25 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
 
     @batch_size.setter
     def batch_size(self, value: int) -> None:
-        self._batch_size = positive_batch_size(value)
+        value = positive_batch_size(value)
+        if value != getattr(self, "_batch_size", value):
+            self._replan()  # batches an AdaptiveDataLoader drew ahead at the old size are drawn again at the new one
+        self._batch_size = value
+
+    @property
+    def passes(self) -> float:
+        """The passes over this worker's shard that training has consumed (samples drawn / shard size, counted from
+        the run's start; an elastic resume's bridge is the rest of the passes before `epoch`)."""
+        epoch, position, bridge, bridge_pos = self._consumed_position()
+        left = sum(len(items) for _, items in bridge) - bridge_pos
+        return epoch + (position - left) / self.shard_size
+
+    def _position(self) -> tuple:
+        return self.epoch, self.position, self._bridge, self._bridge_pos
+
+    def _rewind(self, planned: list) -> None:
+        if planned:
+            self.epoch, self.position, self._bridge, self._bridge_pos = planned[0].before
 
     def _current_shard(self) -> list[int]:
         if self._shard_epoch != self.epoch:
@@ -131,15 +153,17 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
             yield self.next_batch()
 
     def state_dict(self) -> dict[str, Any]:
+        """The position training consumed (before any batch a loader drew ahead), and the batch size."""
+        epoch, position, bridge, bridge_pos = self._consumed_position()
         return {
-            "epoch": self.epoch,
-            "position": self.position,
+            "epoch": epoch,
+            "position": position,
             "batch_size": self.batch_size,
             "seed": self.seed,
             "num_samples": self.num_samples,
             "num_workers": self.num_workers,
             "rank": self.rank,
-            **_bridge_state(self._bridge, self._bridge_pos),
+            **_bridge_state(bridge, bridge_pos),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -149,6 +173,7 @@ class AdaptiveBatchSampler(Sampler[list[int]]):
                     f"the sampler state was saved with {key}={state[key]}, but this run has {key}={getattr(self, key)}; "
                     "resume with the same dataset, seed and number of processes"
                 )
+        self._in_flight.forget()  # a loaded position replaces whatever was drawn ahead
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self.batch_size = int(state["batch_size"])
@@ -240,12 +265,21 @@ def _remainders(state: dict[str, Any], last: int) -> dict[int, list[int]]:
 
 
 def adaptive_train_loader(
-    dataset, collate_fn, *, batch_size: int, num_workers: int, rank: int, seed: int, pin_memory: bool = False
-) -> DataLoader:
-    """A plain `DataLoader` over this worker's `AdaptiveBatchSampler` (its `batch_sampler`), in the main process.
+    dataset,
+    collate_fn,
+    *,
+    batch_size: int,
+    num_workers: int,
+    rank: int,
+    seed: int,
+    loader: LoaderSettings | None = None,
+) -> AdaptiveDataLoader:
+    """An [`AdaptiveDataLoader`] over this worker's `AdaptiveBatchSampler` (its `adaptive_sampler`).
 
-    Not prepared by accelerate: `BatchSamplerShard` would freeze the batch size; the Trainer's `_prepare_inputs`
-    moves each batch to the device. Refuses, before training, data a worker cannot take a disjoint shard of.
+    `num_workers` is the number of AdLoCo workers sharing the data; `loader` the DataLoader's own worker processes
+    (`dataloader_num_workers`, ...), which fetch and collate the planned batches (`sampling/prefetch.py`). Not
+    prepared by accelerate: `BatchSamplerShard` would freeze the batch size; the Trainer's `_prepare_inputs` moves
+    each batch to the device. Refuses, before training, data a worker cannot take a disjoint shard of.
     """
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
         raise ValueError(
@@ -258,4 +292,4 @@ def adaptive_train_loader(
             f"worker(s), fewer than per_device_train_batch_size={batch_size}; use more data or a smaller initial batch"
         )
     sampler = AdaptiveBatchSampler(len(dataset), batch_size=batch_size, num_workers=num_workers, rank=rank, seed=seed)
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=0, pin_memory=pin_memory)
+    return AdaptiveDataLoader(dataset, sampler, collate_fn=collate_fn, settings=loader or LoaderSettings(), rank=rank)

@@ -17,7 +17,7 @@ from transformers import Trainer
 from ..checkpoint.elastic import check_instances_fit, elastic_rank_state
 from ..checkpoint.folders import check_rank_states, load_rank_state
 from ..checkpoint.run_settings import check_run_settings, run_settings
-from ..worker.core import Worker
+from ..worker.checkpoint_view import CheckpointView
 from ..worker.fsdp import load_full_state_dict
 
 
@@ -26,10 +26,10 @@ __all__ = ["check_workers_for_instances", "load_checkpoint", "load_scheduler", "
 logger = logging.getLogger(__name__)
 
 
-def check_workers_for_instances(worker: Worker, resume_from_checkpoint: str | None) -> None:
+def check_workers_for_instances(worker: CheckpointView, resume_from_checkpoint: str | None) -> None:
     """Every instance needs a worker: a new run's `num_instances`, a resumed run's checkpoint's instances (merges
     may have left fewer than `num_instances`; an elastic resume may have fewer workers, `checkpoint/elastic.py`)."""
-    num_workers, num_instances = worker.num_workers, worker.settings.start.num_instances
+    num_workers, num_instances = worker.num_workers, worker.num_instances
     if resume_from_checkpoint is not None:
         check_instances_fit(resume_from_checkpoint, num_workers)
     elif num_instances > num_workers:
@@ -44,16 +44,18 @@ def check_workers_for_instances(worker: Worker, resume_from_checkpoint: str | No
         raise ValueError(
             f"num_instances={num_instances} exceeds the {num_workers} worker(s) of this launch{per}; lower "
             f"num_instances or launch at least {launch} (accelerate launch --num_processes)."
-            + (cpu if worker.settings.device.type == "cpu" else "")
+            + (cpu if worker.on_cpu else "")
         )
 
 
-def load_checkpoint(trainer: Trainer, worker: Worker, checkpoint: str, load_weights: Callable[[], None]) -> None:
+def load_checkpoint(
+    trainer: Trainer, worker: CheckpointView, checkpoint: str, load_weights: Callable[[], None]
+) -> None:
     """Refuse what cannot resume, then load the weights (`load_weights`: the Trainer's own load, or with fsdp each
     process's rows) and this worker's AdLoCo state: its own `rank-R.pt`, or its share of an elastic resume."""
     args = trainer.args
     written = check_rank_states(checkpoint, args.world_size)
-    if written != args.world_size and worker.fsdp:
+    if written != args.world_size and worker.sharded:
         raise ValueError(
             f"{checkpoint} was written by {written} processes, this run has {args.world_size}: "
             "an elastic resume is not supported with worker_parallelism='fsdp' yet; resume with "
@@ -65,7 +67,7 @@ def load_checkpoint(trainer: Trainer, worker: Worker, checkpoint: str, load_weig
         state = load_rank_state(checkpoint, rank)
     else:
         state = elastic_rank_state(checkpoint, rank, world_size)
-    if worker.fsdp:
+    if worker.sharded:
         load_sharded_weights(trainer.accelerator.unwrap_model(trainer.model), checkpoint)
     else:
         load_weights()

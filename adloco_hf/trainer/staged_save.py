@@ -24,7 +24,7 @@ from ..common.upstream import (
     trainer_save_rng_state,
     trainer_save_scaler,
 )
-from ..worker.core import Worker
+from ..worker.checkpoint_view import CheckpointView
 
 
 __all__ = ["save_staged_checkpoint"]
@@ -34,7 +34,7 @@ logger = get_logger(__name__)
 TRAINER_STATE_NAME = "trainer_state.json"
 
 
-def save_staged_checkpoint(trainer: Trainer, worker: Worker, trial=None) -> None:
+def save_staged_checkpoint(trainer: Trainer, worker: CheckpointView, trial=None) -> None:
     """Maintenance note: follows `Trainer._save_checkpoint` (5.23) but writes into a staging folder renamed into
     place once every worker has written, and adds `checkpoint-N/adloco/rank-R.pt` (inner optimizer, sampler,
     scaler, instance state) for each worker, since the Trainer saves rank 0's optimizer only; then `adloco/run.json`
@@ -80,7 +80,7 @@ def save_staged_checkpoint(trainer: Trainer, worker: Worker, trial=None) -> None
         with save_errors(final_dir, run_dir, monitor.report):
             trainer.state.save_to_json(os.path.join(staging, TRAINER_STATE_NAME))
             unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-            settings = run_settings(trainer.args, unwrapped, max_batch_size=worker.max_batch_size)
+            settings = run_settings(trainer.args, unwrapped, max_batch_size=worker.max_batch_size())
             save_run_settings(staging, settings)
             write_manifest(staging)  # the last file in: a published checkpoint with a manifest was complete
             publish_checkpoint(staging, final_dir)

@@ -35,7 +35,7 @@ from ..worker.preemption import TrainingPreempted
 from .callback import AdLoCoCallback
 from .checkpoint_load import check_workers_for_instances, load_checkpoint, load_scheduler
 from .inner_step import TrainerPasses, probe_step, worker_ddp
-from .loaders import train_loader
+from .loaders import epoch_of, train_loader
 from .merge_folders import reporting_parts, save_merge
 from .round_console import announce_round, quiet_console, use_round_console
 from .staged_save import save_staged_checkpoint
@@ -128,8 +128,8 @@ class AdLoCoTrainer(Trainer):
 
     def _maybe_end_round(self) -> None:
         step = self.state.global_step
-        # The sampler never runs out: an epoch is max_steps steps, from the resumed step (as an uninterrupted run logs).
-        self.state.epoch = step / self.state.max_steps
+        # The data training consumed (`loaders.epoch_of`): the Trainer's steps over max_steps would end every run at 1.
+        self.state.epoch = epoch_of(self.train_sampler, step, self.state.max_steps)
         end = self.worker.after_step(step)  # the step's end: a fragment sync, a round's end, a preemption's stop
         if end.round is not None:
             self._after_round(end.round)
@@ -176,7 +176,7 @@ class AdLoCoTrainer(Trainer):
         Another run's checkpoints or merges in `output_dir` are named in a warning (`reporting/earlier_run.py`)."""
         self._preempted_at, self.cards.plot = None, None
         resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
-        check_workers_for_instances(self.worker, resume_from_checkpoint)
+        check_workers_for_instances(self.worker.checkpoint_view(), resume_from_checkpoint)
         if self.is_world_process_zero():
             warn_about_earlier_run(self.args.output_dir, resume_from_checkpoint)
         self.hub.error = None
@@ -258,7 +258,7 @@ class AdLoCoTrainer(Trainer):
     # ---- checkpoints: per-worker state, written atomically ----
     def _save_checkpoint(self, model, trial) -> None:
         """Every worker's state, staged and renamed into place once all have written (see `trainer/staged_save.py`)."""
-        save_staged_checkpoint(self, self.worker, trial)
+        save_staged_checkpoint(self, self.worker.checkpoint_view(), trial)
 
     @collective(
         "save_model()",
@@ -293,7 +293,7 @@ class AdLoCoTrainer(Trainer):
         refusing changed settings that define the run (`checkpoint/run_settings.py`). A checkpoint written by another number of
         workers is an elastic resume (`checkpoint/elastic.py`): its refusals come before anything is loaded (`checkpoint_load.py`)."""
         load_weights = functools.partial(super()._load_from_checkpoint, resume_from_checkpoint, model)
-        load_checkpoint(self, self.worker, resume_from_checkpoint, load_weights)
+        load_checkpoint(self, self.worker.checkpoint_view(), resume_from_checkpoint, load_weights)
 
     def _init_training_state(self, max_steps, *args, **kwargs):
         """On resume the Trainer takes logging/eval/save steps from the checkpoint's trainer_state.json: this run's

@@ -37,6 +37,7 @@ from ..rounds.plan import WorkerPlan, plan_instance
 from ..rounds.rules import RoundRules, RoundRulesCache
 from ..rounds.state import AdLoCoState, RoundResult, RunTotals, StepEnd
 from . import saved_state
+from .checkpoint_view import CheckpointView
 from .ddp import DDPReplica
 from .fsdp import FSDPReplica
 from .groups import WorkerGroups
@@ -195,6 +196,21 @@ class Worker:
         checked that the checkpoint has one state per worker (`checkpoint.check_rank_states`); one written by another
         number of workers comes re-split for this rank (`elastic.elastic_rank_state`)."""
         self._pending = state
+
+    def checkpoint_view(self) -> CheckpointView:
+        """What saving and loading a checkpoint read of this worker (`checkpoint_view.py`)."""
+        return CheckpointView(
+            monitor=self.monitor,
+            resume_hint=self.resume_hint,
+            state_dict=self.state_dict,
+            load_state_dict=self.load_state_dict,
+            max_batch_size=lambda: self.rounds.max_batch_size,
+            sharded=self.fsdp,
+            num_workers=self.num_workers,
+            processes_per_worker=self.processes_per_worker,
+            num_instances=self.settings.start.num_instances,
+            on_cpu=self.settings.device.type == "cpu",
+        )
 
     # ---- the round's plan and rules ----
     @property

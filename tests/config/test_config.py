@@ -54,7 +54,9 @@ def test_defaults_are_valid_and_decouple_the_workers(tmp_path):
         (dict(max_skipped_rounds=-1), "max_skipped_rounds"),
         (dict(average_tokens_across_devices=True), "average_tokens_across_devices"),
         (dict(ignore_data_skip=False), "ignore_data_skip"),
-        (dict(dataloader_num_workers=2), "dataloader_num_workers"),
+        (dict(dataloader_num_workers=-1), "dataloader_num_workers"),
+        (dict(dataloader_num_workers=2, dataloader_in_order=False), "dataloader_in_order"),
+        (dict(dataloader_persistent_workers=True), "dataloader_persistent_workers"),
         (dict(save_steps=15), "save_steps"),
         (dict(eval_strategy="steps", eval_steps=25), "eval_steps"),
         (dict(save_strategy="epoch"), "save_strategy"),
@@ -69,6 +71,22 @@ def test_defaults_are_valid_and_decouple_the_workers(tmp_path):
 def test_bad_values_name_the_field(tmp_path, kwargs, field):
     with pytest.raises(ValueError, match=field):
         make(tmp_path, **kwargs)
+
+
+def test_dataloader_worker_processes_are_accepted(tmp_path):
+    # Refused before issue 38 (prefetched batches had the old size): now re-planned exactly (tests/trainer/test_loader_processes.py).
+    args = make(
+        tmp_path,
+        dataloader_num_workers=2,
+        dataloader_prefetch_factor=3,
+        dataloader_persistent_workers=True,
+        dataloader_pin_memory=True,
+    )
+    assert (args.dataloader_num_workers, args.dataloader_prefetch_factor, args.dataloader_persistent_workers) == (
+        2,
+        3,
+        True,
+    )
 
 
 def test_messages_say_how_to_fix(tmp_path):

@@ -52,6 +52,14 @@ def test_help_summary_and_plot_import_neither_torch_nor_transformers(run, tmp_pa
     named = "import adloco_hf; print(adloco_hf.AdLoCoTrainer.__name__, adloco_hf.norm_test.__name__)"
     result = subprocess.run([sys.executable, "-c", named], env=env, capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "AdLoCoTrainer norm_test", result.stderr
+    # `recipes/plot_run.py` reads a run through `adloco_hf.inspection`, which loads each name on first use.
+    script = [sys.executable, os.path.join(REPO, "recipes", "plot_run.py"), run, "--out", str(tmp_path / "p.png")]
+    as_main = IMPORTS_AT_EXIT.split("from adloco_hf.cli")[0] + "import runpy\nsys.argv = sys.argv[1:]\n"
+    as_main += "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    plot = subprocess.run(
+        [sys.executable, "-c", as_main, *script[1:]], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert plot.returncode == 0 and plot.stdout.strip().endswith("imported: []"), plot.stdout[-500:] + plot.stderr
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,7 @@ def test_a_saved_sampler_resumes_the_same_batches(stream, stop):
 
 def test_the_loader_cuts_one_batch_per_step(stream):
     loader = adaptive_stream_loader(stream, default_data_collator, batch_size=3, num_workers=2, rank=0)
-    sampler = loader.dataset
+    sampler = loader.adaptive_sampler
     sampler.part = counting = CountingPart(sampler.part)
     batches = iter(loader)
     assert next(batches)["input_ids"].shape == (3, 8) and counting.pulled == 3  # nothing drawn ahead
@@ -82,7 +82,7 @@ def test_the_loader_cuts_one_batch_per_step(stream):
 
 def test_probing_draws_no_training_data(stream):
     loader = adaptive_stream_loader(stream, default_data_collator, batch_size=2, num_workers=2, rank=1)
-    sampler = loader.dataset
+    sampler = loader.adaptive_sampler
     reference = AdaptiveStreamSampler(stream.split_by_node(1, 2), batch_size=2)
     probe = sampler.probe_examples(6)
     assert len(probe) == 6 and torch.equal(probe[0]["input_ids"], reference.next_batch()[0]["input_ids"])

@@ -9,6 +9,8 @@ final `merged/` save, its weights written but the folder not yet renamed into pl
 `record_passes` (every draw of the map-style sampler, with its pass and step, to `passes-rank{R}.jsonl`),
 `record_documents` (every document a streamed worker tokenises, with its pass and step, to `documents-rank{R}.jsonl`) and
 `probe_resume` (right after AdLoCo restored a checkpoint: φ, momentum and AdamW moments to `resume-rank{R}.safetensors`),
+`record_collate` (the process that collated every batch of the training loader, and its size, to
+`collate-rank{R}.jsonl`: with `dataloader_num_workers` the loader's worker processes),
 `model` (`tiny_llama_config` overrides: a heavier step), `kills` and `progress` (SIGKILLs at chosen points of chosen
 launch attempts, and every attempt's start and steps with their wall time: `scripts/restarts.py`), `slow` ({rank or
 "all": seconds}: a delay per sample inside every inner step of those ranks, a slow worker) and `step_clock`
@@ -18,6 +20,7 @@ Assertions that need several ranks' tensors run here, inside the workers; the te
 
 import atexit
 import errno
+import hashlib
 import json
 import os
 import signal
@@ -223,11 +226,21 @@ class RecordingTrainer(AdLoCoTrainer):
     nan_onwards = False  # poison every step from nan_at's on (a worker broken for good), not only that one
 
     slow: dict[str, float] = {}  # rank (or "all") → seconds of delay per sample of every inner step
+    collate_log: str | None = None  # record_collate: where the training loader's collations are recorded
+
+    def get_train_dataloader(self):
+        loader = super().get_train_dataloader()
+        if self.collate_log is not None:  # set before the loader's first iteration starts its processes
+            loader.collate_fn = CollateRecorder(self.collate_log, loader.collate_fn)
+        return loader
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.seen_batches = getattr(self, "seen_batches", [])
+        self.seen_inputs = getattr(self, "seen_inputs", {})
         batch = int(inputs["input_ids"].shape[0])
         self.seen_batches.append(batch)
+        digest = hashlib.sha1(inputs["input_ids"].cpu().numpy().tobytes()).hexdigest()[:16]
+        self.seen_inputs[str(self.state.global_step)] = [batch, digest]  # the samples and their order, per step
         step = self.state.global_step
         if self.nan_at is not None and self.nan_onwards and self.nan_at[0] == self.args.process_index:
             step = min(step, self.nan_at[1])
@@ -299,6 +312,18 @@ def fill_disk(trainer, model, rank: int, full_rank: int, full_step: int, target:
         torch.save = failing(torch.save, RuntimeError("basic_ios::clear: iostream error"))
     else:
         model.save_pretrained = failing(model.save_pretrained, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+
+
+class CollateRecorder:
+    """The training loader's collate function, recording which process collated each batch."""
+
+    def __init__(self, path, collate):
+        self.path, self.collate = path, collate
+
+    def __call__(self, features):
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), "size": len(features)}) + "\n")
+        return self.collate(features)
 
 
 class PassRecorder(TrainerCallback):
@@ -429,6 +454,8 @@ def main() -> None:
     shape = {"hidden_size": 48} if spec.get("mismatch_rank") == rank else spec.get("model", {})
     model = tiny_model(**shape, **dropout)
     trainer = RecordingTrainer(model=model, args=args, train_dataset=data, eval_dataset=eval_data)
+    if spec.get("record_collate"):
+        trainer.collate_log = os.path.join(probe_dir, f"collate-rank{rank}.jsonl")
     if spec.get("kill_in_save") is not None:
         kill_step, original_save = spec["kill_in_save"], staged_save.save_rank_state
 
@@ -558,6 +585,8 @@ def main() -> None:
         "lr_factors": after.lr_factors,
         "round_samples": after.round_samples,
         "seen_batches": getattr(trainer, "seen_batches", []),  # none when a resumed run had no step left
+        "seen_inputs": getattr(trainer, "seen_inputs", {}),  # step → [batch, digest of its input_ids]
+        "pid": os.getpid(),
         "eval_checks": probe.checks,
         "instances": [[i.id, list(i.workers), i.batch_size] for i in trainer.worker.instances],
         "worker_id": trainer.worker.worker_id,

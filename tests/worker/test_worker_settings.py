@@ -99,6 +99,7 @@ def test_the_settings_are_built_in_one_place_each():
         ("rounds/rules.py", "get", "RoundRules"),  # again only when the micro-batch limit or shard changes
         ("trainer/trainer.py", "__init__", "EvaluationSettings"),  # AdLoCoTrainer(...), once per run
         ("trainer/trainer.py", "__init__", "Worker"),  # ... and its worker
+        ("trainer/loaders.py", "train_loader", "LoaderSettings"),  # the training loader, built once per run
     }
 
 

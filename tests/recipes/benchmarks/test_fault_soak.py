@@ -1,6 +1,6 @@
-"""`recipes/benchmarks/fault_soak/`: its reading of the workers' progress files, and one soak end to end at a tiny
-size (4 real workers under `accelerate launch --max_restarts`, 2 SIGKILLs from outside, and the uninterrupted run:
-about 75 s on 2 cores, four launches of which three are restarts)."""
+"""`recipes/benchmarks/fault_soak/`: its reading of the workers' progress files (in `make test`), and one soak end to
+end at a tiny size (`make test-slow`: 4 real workers under `accelerate launch --max_restarts`, 2 SIGKILLs from
+outside, and the uninterrupted run; 60-180 s on 2 cores, four launches of which three are restarts)."""
 
 import json
 import os
@@ -47,6 +47,8 @@ def test_the_soak_refuses_bad_sizes():
             fault_soak.parse_args(bad)
 
 
+@pytest.mark.slow  # about 3 minutes on 2 cores; `make test` keeps tests/worker/test_restarts.py (kills, restarts,
+# the uninterrupted model) and the soak's own measurements above (progress, kills, timeline)
 def test_the_soak_kills_two_workers_and_the_run_ends_with_the_uninterrupted_model(tmp_path):
     # Each kill comes 0.2-0.6 s (plus the driver's 0.25 s look) after its attempt's first step: a few steps on this
     # machine, well inside the 60 on one several times faster, so that both kills land before the run can finish.
