@@ -163,6 +163,7 @@ def folder_section(folder: str, link_prefix: str = "") -> str:
     if not steps:
         return f"### `{os.path.basename(folder)}`\n\nNo step has finished yet.\n"
     device = next(iter(steps.values()))["device"]
+    on = f"on {device['name']}"  # beside every table's figures: a reader of one table knows the device
     lines = [
         f"### `{os.path.basename(folder)}`",
         "",
@@ -178,7 +179,7 @@ def folder_section(folder: str, link_prefix: str = "") -> str:
         rows = throughput_rows(result)
         columns = [c for c in rows[0] if c != "refused" or any(r["refused"] for r in rows)]
         lines += [
-            f"**(a) Throughput, `{s['preset']}`** ({result['parameters'] / 1e6:.3g} M parameters in matrix products; "
+            f"**(a) Throughput, `{s['preset']}`, {on}** ({result['parameters'] / 1e6:.3g} M parameters in matrix products; "
             f"batch {s['batch']} × {s['block_size']} tokens, bf16, `{s['optim']}`, H = {s['inner_steps']}, "
             f"compile backend `{s['compile_backend']}`, the Arrow dataset of `{s.get('corpus', 'builtin:python-source')}`"
             " read by the main process or by `loader workers` processes):",
@@ -196,7 +197,7 @@ def folder_section(folder: str, link_prefix: str = "") -> str:
         row = {"request sizes that ran": " → ".join(str(b) for b in g["sizes"]), "graphs": g["graphs"],
                "graph breaks": g["graph_breaks"], "tokens/s at the grown size": g.get("tokens_per_second"),
                "compiled fixed size": f["tokens_per_second"], "ratio": grow["ratio_to_fixed"]}  # fmt: skip
-        lines += [f"**(b) Growing batch** (compiled AdLoCo, request {grow['settings']['start']} → "
+        lines += [f"**(b) Growing batch, {on}** (compiled AdLoCo, request {grow['settings']['start']} → "
                   f"{grow['settings']['cap']}, grown to {g['final_batch']}):", "", table([row], list(row)), "",
                   f"![growing]({link_prefix}growing-batch.png)", ""]  # fmt: skip
     for step in ("headline", "headline-seed2"):
@@ -204,7 +205,7 @@ def folder_section(folder: str, link_prefix: str = "") -> str:
         if result is None:
             continue
         s, rows = result["settings"], headline_rows(result)
-        lines += [f"**(c) `{step}`: time to DiLoCo's final perplexity** (seed {result['seed']}; {s['world_size']} "
+        lines += [f"**(c) `{step}`: time to DiLoCo's final perplexity, {on}** (seed {result['seed']}; {s['world_size']} "
                   f"workers sharing the device over gloo, `{s['preset']}`, blocks of {s['block_size']}, per-worker "
                   f"batch {s['train']['batch_size']} at the start, H = {s['train']['inner_steps']}, "
                   f"{s['budget_seconds']:g} s of training each, evaluations excluded; initial perplexity "
@@ -216,16 +217,16 @@ def folder_section(folder: str, link_prefix: str = "") -> str:
         world = runs[0]["world_size"]
         rows = [{"run": r["name"], "workers": r["world_size"], "tokens/s": r["tokens_per_second"],
                  "final ppl": r["final_eval_ppl"]} for r in runs[:2]]  # fmt: skip
-        lines += [f"**(d) {world} workers sharing the device against 1** (DiLoCo, the same per-worker batch): "
+        lines += [f"**(d) {world} workers sharing the device against 1, {on}** (DiLoCo, the same per-worker batch): "
                   f"{world} / 1 = {result['ratio']:.3f}.", "", table(rows, list(rows[0])), ""]  # fmt: skip
         rows = [{"run": r["name"].split(",")[0] + (" (bf16 all-reduce)" if i == 0 else ""), "tokens/s":
                  r["tokens_per_second"], "/ bf16": r["ratio_to_bf16"], "final ppl": r["final_eval_ppl"]}
                 for i, r in enumerate(runs) if r["world_size"] == world]  # fmt: skip
-        lines += [f"**(e) Communication**, {world} workers:", "", table(rows, list(rows[0])), "",
+        lines += [f"**(e) Communication, {on}**, {world} workers:", "", table(rows, list(rows[0])), "",
                   f"![workers]({link_prefix}workers.png)", ""]  # fmt: skip
     checks = targets(folder)
     if checks:
-        lines += ["**Targets** (issue 38):", "", table(checks, ["target", "value", "bound", "holds"]), ""]
+        lines += [f"**Targets** (issue 38), {on}:", "", table(checks, ["target", "value", "bound", "holds"]), ""]
     return "\n".join(line for line in lines) + "\n"
 
 

@@ -58,9 +58,12 @@ run() {
 'datasets', datasets.__version__, 'cpus', __import__('os').cpu_count())"
   echo "ready in $((SECONDS - started)) s"
   local code=0
-  python3 -m recipes.benchmarks.gpu_bench --steps "$@" --cache_dir "$gpu/cache" || code=$?
+  # GPU_BENCH_ARGS: more arguments (`--tiny`: the steps' CPU versions, to check a prepared .gpu/ on a CPU machine).
+  # shellcheck disable=SC2086
+  python3 -m recipes.benchmarks.gpu_bench --steps "$@" --cache_dir "$gpu/cache" ${GPU_BENCH_ARGS:-} || code=$?
   # What comes back: the results and the logs, and each launch's small files (never a model's weights).
   find outputs/gpu_bench -type f \( -name "*.json" -o -name "*.jsonl" -o -name "*.log" \) -size -20M > /tmp/back.txt
+  find outputs/gpu_bench -type f -name "*.png" -path "*/tiny/*" >> /tmp/back.txt 2>/dev/null || true
   tar czf "$out/gpu-bench.tgz" docs/results/gpu docs/gpu.md COMMIT -T /tmp/back.txt
   ls -la "$out"
   echo "stay: $((SECONDS - started)) s in all, gpu_bench exit $code"

@@ -47,6 +47,9 @@ TINY = deep_merge(FULL, {
     "short_rounds": 2, "timeout": 180,
 })  # fmt: skip
 COMM_METHODS = ("diloco", "diloco_int4", "diloco_overlap")
+# --tiny: one compressed method beside the 2-worker run (each launch costs ~13 s of imports on a 2-core CPU; the
+# overlapped step is the same code here, a name, and has its own tests).
+TINY_COMM_METHODS = ("diloco", "diloco_int4")
 
 
 def shared_settings(tiny: bool, cache_dir: str, cuda: bool) -> dict:
@@ -55,6 +58,7 @@ def shared_settings(tiny: bool, cache_dir: str, cuda: bool) -> dict:
     settings = deep_merge(CPU_BASE, {k: v for k, v in mine.items() if k not in ("short_rounds",)})
     settings.update(device="cuda" if cuda else "cpu", cache_dir=cache_dir, data=data_spec(tiny, cache_dir))
     settings["short_rounds"] = mine["short_rounds"]
+    settings["comm_methods"] = TINY_COMM_METHODS if tiny else COMM_METHODS
     return settings
 
 
@@ -70,12 +74,15 @@ def launch(
 ) -> dict:
     """One launch of method `name` (`toolkit.methods.METHODS`) into `folder`, until `budget_tokens` (the method's
     own `budget_factor` does not apply: the caller's budget is the ceiling) or `budget_seconds` of training."""
-    spec = method_spec(name, settings, folder, seed=seed)
+    # `budget_tokens` in the settings too: `method_spec` scales it by a goodput method's `budget_factor`, which the
+    # update below then overrides with the caller's budget.
+    spec = method_spec(name, {**settings, "budget_tokens": budget_tokens}, folder, seed=seed)
     spec.update(method=name, output_dir=os.path.join(folder, name, f"seed-{seed}"), budget_tokens=budget_tokens,
                 budget_seconds=budget_seconds)  # fmt: skip
     if world_size is not None:
         spec["world_size"] = world_size
     spec.pop("short_rounds", None)
+    spec.pop("comm_methods", None)
     if "num_instances" in spec["adloco"]:  # --tiny: fewer workers than AdLoCo's 4 instances
         spec["adloco"]["num_instances"] = min(spec["adloco"]["num_instances"], spec["world_size"])
     result = run_method(name, spec, reuse=False)
@@ -104,7 +111,7 @@ def workers(settings: dict, work: str) -> dict:
     budget = short_budget(settings, world)
     runs = [launch("diloco", settings, os.path.join(work, "all"), budget_tokens=budget),
             launch("diloco", settings, os.path.join(work, "one"), world_size=1, budget_tokens=short_budget(settings, 1)),
-            *(launch(name, settings, work, budget_tokens=budget) for name in COMM_METHODS[1:])]  # fmt: skip
+            *(launch(name, settings, work, budget_tokens=budget) for name in settings["comm_methods"][1:])]  # fmt: skip
     runs[0]["name"], runs[1]["name"] = f"diloco, {world} workers", "diloco, 1 worker"
     bf16 = runs[0]["tokens_per_second"]
     for run in runs:

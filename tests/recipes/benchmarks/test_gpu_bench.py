@@ -121,54 +121,46 @@ TINY_STEPS = [s.name for s in gpu_bench.STEPS if s.name not in ("throughput-300m
 ISOLATED = "growing-batch"  # the step run again in its own process (the cheapest at tiny scale)
 
 
-@pytest.mark.multiprocess
-def test_the_tiny_benchmark_runs_every_step_resumes_and_writes_its_table(tmp_path):
-    """The benchmark at tiny scale on the CPU (launches of 2 workers), every step's code: MicroLlama's throughput
-    step and the second seed are the same code as the 50 M step and the first seed, left out to save time. Three
-    invocations: every step; a later run that finds one step missing; the tables alone."""
-    folder, doc = tmp_path / "results" / "cpu-2026-01-01", tmp_path / "gpu.md"
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The whole benchmark at tiny scale on the CPU, once for this module's tests: `gpu_bench.main --tiny` in this
+    process (a process of its own would import torch and transformers again: ~10 s on 2 cores), every step's code
+    with its launches of 2 workers (`accelerate launch`, gloo). MicroLlama's throughput step and the second seed are
+    the same code as the 50 M step and the first seed, left out to save time. The tests below read its files."""
+    import torch
+    import transformers
+
+    root = tmp_path_factory.mktemp("gpu_bench")
+    folder, doc = root / "results" / "cpu-2026-01-01", root / "gpu.md"
     doc.write_text("# GPU\n\nText before the generated section stays.\n")
-    command = [sys.executable, "-m", "recipes.benchmarks.gpu_bench", "--tiny", "--results_dir", str(folder),
-               "--doc", str(doc), "--cache_dir", str(tmp_path / "cache"), "--steps", *TINY_STEPS]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    first = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
-    assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-3000:]
+    argv = ["--tiny", "--results_dir", str(folder), "--doc", str(doc), "--cache_dir", str(root / "cache"),
+            "--steps", *TINY_STEPS]  # fmt: skip
+    threads, verbosity = torch.get_num_threads(), transformers.logging.get_verbosity()
+    try:  # the steps set this process's threads and logging as a step's own process does: the next tests' are kept
+        code = gpu_bench.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+        transformers.logging.set_verbosity(verbosity)
+    results = {step: json.loads((folder / f"{step}.json").read_text()) for step in TINY_STEPS if
+               (folder / f"{step}.json").exists()}  # fmt: skip
+    return {"code": code, "folder": folder, "doc": doc, "root": root, "argv": argv, "results": results}
+
+
+@pytest.mark.multiprocess
+def test_the_tiny_benchmark_runs_every_step_into_its_folder(tiny):
+    folder = tiny["folder"]
+    assert tiny["code"] == 0 and sorted(tiny["results"]) == sorted(TINY_STEPS)
     for step in TINY_STEPS:
-        assert (folder / f"{step}.json").exists() and (folder / f"{step}.png").stat().st_size > 1000, step
-    results = {step: json.loads((folder / f"{step}.json").read_text()) for step in TINY_STEPS}
+        assert (folder / f"{step}.png").stat().st_size > 1000, step
+        assert tiny["results"][step]["data_seconds"] > 0 and tiny["results"][step]["bench_version"] == 2
+    runs = json.loads((folder / "runs.json").read_text())
+    assert [run["step"] for run in runs] == TINY_STEPS and all(run["done"] for run in runs)
+    assert (folder / "README.md").exists()
 
-    assert all(results[step]["data_seconds"] > 0 for step in TINY_STEPS)
-    rows = results["throughput-50m"]["rows"]
-    assert [(r["variant"], r["compiled"], r["loader_workers"]) for r in rows] == [
-        (v, c, w)
-        for c in (False, True)
-        for v in ("trainer", "adloco", "adloco_stats", "adloco_cpu_state")
-        for w in ((0, 2) if v != "adloco_cpu_state" else (0,))
-    ]
-    for row in rows:
-        if row.get("refused"):  # AdLoCo with loader workers, until AdLoCoConfig takes them (issue 38, point 1)
-            assert row["variant"] != "trainer" and row["loader_workers"] == 2
-            assert "dataloader_num_workers" in row["refused"] and "tokens_per_second" not in row
-            continue
-        assert row["tokens_per_second"] > 0 and row["ratio_to_trainer"] > 0
-        assert row["compiled_is_used"] == row["compiled"]
-        assert row["graphs"] >= 1 if row["compiled"] else row["graphs"] == 0
-        assert row["graph_breaks"] == 0
-        assert row["ordinary_step_seconds"]["n"] > 0 and row["round_end_extra_seconds"] is not None
-    stats = next(r for r in rows if r["variant"] == "adloco_stats" and r["compiled"])
-    assert all(line["grad_variance"] is not None for line in stats["rounds"])
-    grow = results["growing-batch"]
-    settings = grow["settings"]
-    # The request grows (how far in 8 tiny rounds depends on the compiled kernels' rounding: 15 or 16 seen).
-    sizes = grow["grown"]["sizes"]
-    assert sizes[0] == settings["start"] and settings["start"] < grow["grown"]["final_batch"] <= settings["cap"]
-    assert len(sizes) >= 3
-    assert grow["fixed"]["graphs"] == 1 and grow["grown"]["graphs"] >= 2 and grow["ratio_to_fixed"] > 0
 
-    runs = results["workers"]["runs"]
-    assert [r["world_size"] for r in runs] == [2, 1, 2, 2]
-    assert all(r["tokens_per_second"] > 0 and r["tokens"] > 0 for r in runs)
-    headline = results["headline"]
+@pytest.mark.multiprocess
+def test_the_tiny_headline_runs_the_three_methods_for_the_same_seconds(tiny):
+    headline = tiny["results"]["headline"]
     assert list(headline["runs"]) == ["diloco", "adloco_goodput", "adloco_norm"]
     start = {"seconds": 0.0, "tokens": 0, "inner_steps": 0, "rounds": 0, "eval_ppl": headline["initial_ppl"]}
     for run in headline["runs"].values():
@@ -181,7 +173,45 @@ def test_the_tiny_benchmark_runs_every_step_resumes_and_writes_its_table(tmp_pat
     reach = headline["time_to_target"]
     assert reach["target_ppl"] == headline["runs"]["diloco"]["final_eval_ppl"]
     assert reach["methods"]["diloco"]["vs_reference"] == pytest.approx(1.0)
+    assert headline["budget_tokens"] == int(0.95 * headline["train_tokens"])
 
+
+@pytest.mark.multiprocess
+def test_the_tiny_throughput_rows_cover_every_variant_and_data_setting(tiny):
+    rows = tiny["results"]["throughput-50m"]["rows"]
+    assert [(r["variant"], r["compiled"], r["loader_workers"]) for r in rows] == [
+        (v, c, w)
+        for c in (False, True)
+        for v in ("trainer", "adloco", "adloco_stats", "adloco_cpu_state")
+        for w in ((0, 2) if v != "adloco_cpu_state" else (0,))
+    ]
+    for row in rows:
+        assert "refused" not in row  # AdLoCo takes loader workers (issue 38, point 1)
+        assert row["tokens_per_second"] > 0 and row["ratio_to_trainer"] > 0
+        assert row["compiled_is_used"] == row["compiled"]
+        assert row["graphs"] >= 1 if row["compiled"] else row["graphs"] == 0
+        assert row["graph_breaks"] == 0
+        assert row["ordinary_step_seconds"]["n"] > 0 and row["round_end_extra_seconds"] is not None
+    stats = next(r for r in rows if r["variant"] == "adloco_stats" and r["compiled"])
+    assert all(line["grad_variance"] is not None for line in stats["rounds"])
+
+
+@pytest.mark.multiprocess
+def test_the_tiny_growing_batch_and_workers_steps(tiny):
+    grow = tiny["results"]["growing-batch"]
+    assert grow["grown"]["final_batch"] > 2 and len(grow["grown"]["sizes"]) >= 2
+    assert grow["grown"]["compiled_is_used"] and grow["grown"]["graphs"] >= 2  # a new size, a new graph
+    assert grow["fixed"]["tokens_per_second"] > 0
+    runs = tiny["results"]["workers"]["runs"]
+    assert [(r["name"], r["world_size"]) for r in runs] == [("diloco, 2 workers", 2), ("diloco, 1 worker", 1),
+                                                             ("diloco_int4", 2)]  # fmt: skip
+    assert all(r["tokens_per_second"] > 0 and r["tokens"] > 0 for r in runs)
+    assert runs[2]["comm_bytes"] < runs[0]["comm_bytes"]  # int4 sends fewer bytes than bf16
+
+
+@pytest.mark.multiprocess
+def test_the_tiny_benchmark_writes_its_tables(tiny):
+    doc, root = tiny["doc"], tiny["root"]
     text = doc.read_text()
     assert text.startswith("# GPU\n\nText before the generated section stays.\n")
     section = text.split(gpu_report.BEGIN)[1].split(gpu_report.END)[0]
@@ -196,15 +226,26 @@ def test_the_tiny_benchmark_runs_every_step_resumes_and_writes_its_table(tmp_pat
     ):
         assert title in section, title
     for link in [part.split(")")[0] for part in section.split("](")[1:]]:
-        assert (tmp_path / link).exists(), link
-    assert (folder / "README.md").exists()
-    assert [run["step"] for run in json.loads((folder / "runs.json").read_text())] == TINY_STEPS
+        assert (root / link).exists(), link
 
-    # A later run skips the steps whose results exist and runs the missing one, alone, in its own process (as every
-    # step runs on a GPU); the others' files stay as they were.
+
+@pytest.mark.multiprocess
+def test_a_later_run_runs_only_the_missing_step_in_its_own_process(tiny, tmp_path):
+    """On a copy of the tiny results: a later run skips the steps whose results exist and runs the missing one,
+    alone, in its own process (as every step runs on a GPU); the others' files stay as they were. Then `--table`
+    regenerates the section from the files alone."""
+    import shutil
+
+    folder, doc = tmp_path / "results" / "cpu-2026-01-01", tmp_path / "gpu.md"
+    shutil.copytree(tiny["folder"], folder)
+    doc.write_text("# GPU\n\nText before the generated section stays.\n")
     stamps = {step: (folder / f"{step}.json").stat().st_mtime_ns for step in TINY_STEPS}
     os.remove(folder / f"{ISOLATED}.json")
-    second = subprocess.run([*command, "--isolate"], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    argv = [*tiny["argv"], "--isolate"]
+    argv[argv.index("--results_dir") + 1], argv[argv.index("--doc") + 1] = str(folder), str(doc)
+    command = [sys.executable, "-m", "recipes.benchmarks.gpu_bench", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert f"{len(TINY_STEPS) - 1} of {len(TINY_STEPS)} steps done" in second.stdout
     module = next(s.module for s in gpu_bench.STEPS if s.name == ISOLATED)
@@ -214,22 +255,12 @@ def test_the_tiny_benchmark_runs_every_step_resumes_and_writes_its_table(tmp_pat
     assert all(run["bench_version"] == gpu_bench.BENCH_VERSION for run in runs)
     others = [step for step in TINY_STEPS if step != ISOLATED]
     assert {step: (folder / f"{step}.json").stat().st_mtime_ns for step in others} == {s: stamps[s] for s in others}
-    text = doc.read_text()  # the step's new run changed its numbers in the table
-    # --table regenerates the section from the files alone.
+    assert (folder / f"{ISOLATED}.json").stat().st_mtime_ns != stamps[ISOLATED]
+    text = doc.read_text()
     section = text.split(gpu_report.BEGIN)[1].split(gpu_report.END)[0]
     doc.write_text(text.replace(section, "\nstale\n"))
     assert "stale" in doc.read_text()
-    table = [
-        sys.executable,
-        "-m",
-        "recipes.benchmarks.gpu_bench",
-        "--table",
-        "--results_dir",
-        str(folder),
-        "--doc",
-        str(doc),
-    ]
-    assert subprocess.run(table, capture_output=True, text=True, timeout=120, cwd=REPO).returncode == 0
+    assert gpu_bench.main(["--table", "--results_dir", str(folder), "--doc", str(doc)]) == 0
     assert doc.read_text() == text
 
 
