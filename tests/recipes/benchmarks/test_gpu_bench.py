@@ -3,6 +3,7 @@ CPU, resumed, with its generated table."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -66,7 +67,6 @@ def test_every_step_fits_a_stay_and_the_unmeasured_come_first():
 
 def test_a_stopped_step_takes_its_process_group_with_it():
     """The step limit (or gpu_bench itself stopped): SIGTERM to the step's process group, SIGKILL after the grace."""
-    import signal
 
     ignoring = "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     for code, grace in (("", 10.0), (ignoring, 0.5)):
@@ -136,11 +136,13 @@ def tiny(tmp_path_factory):
     argv = ["--tiny", "--results_dir", str(folder), "--doc", str(doc), "--cache_dir", str(root / "cache"),
             "--steps", *TINY_STEPS]  # fmt: skip
     threads, verbosity = torch.get_num_threads(), transformers.logging.get_verbosity()
-    try:  # the steps set this process's threads and logging as a step's own process does: the next tests' are kept
+    on_sigterm = signal.getsignal(signal.SIGTERM)
+    try:  # main and the steps set this process's threads, logging and SIGTERM as in their own process: restored
         code = gpu_bench.main(argv)
     finally:
         torch.set_num_threads(threads)
         transformers.logging.set_verbosity(verbosity)
+        signal.signal(signal.SIGTERM, on_sigterm)
     results = {step: json.loads((folder / f"{step}.json").read_text()) for step in TINY_STEPS if
                (folder / f"{step}.json").exists()}  # fmt: skip
     return {"code": code, "folder": folder, "doc": doc, "root": root, "argv": argv, "results": results}
