@@ -69,8 +69,10 @@ class ProcessSplit:
 class GlobalModel:
     """φ_i, the float32 global copy of an instance's trainable parameters, with its outer SGD.
 
-    φ is one flat tensor (a leaf with `.grad` holding the pseudo-gradient), so the all-reduce and the optimizer step
-    are single fused operations; `views` map it back onto the parameters.
+    φ is one flat tensor (a leaf whose `.grad` holds the pseudo-gradient during the outer step), so the all-reduce and
+    the optimizer step are single fused operations; `views` map it back onto the parameters. Between outer steps the
+    instance's state is φ and the momentum (8 bytes a parameter on `device`): Δ lives only during the outer step,
+    when the inner step's activations are freed, so it does not raise the worker's peak memory.
 
     Args:
         params: the worker's trainable parameters θ, in a fixed order shared by all workers.
@@ -102,9 +104,7 @@ class GlobalModel:
         self.params = params
         self.numel = sum(p.numel() for p in params)
         self.phi = torch.zeros(self.numel, dtype=torch.float32, device=device, requires_grad=True)
-        self.phi.grad = torch.zeros_like(self.phi)
         self.views = self.views_of(self.phi.data)
-        self.grad_views = self.views_of(self.phi.grad)
         self.optimizer = torch.optim.SGD(
             [self.phi], lr=lr, momentum=momentum, nesterov=bool(nesterov and momentum > 0)
         )
@@ -269,10 +269,7 @@ class GlobalModel:
         if self.eager is not None:
             return self._overlapped_step(group, num_workers, weight)
         start = time.perf_counter()
-        delta = self.phi.grad
-        for grad_view, view, p in zip(self.grad_views, self.views, self.params):
-            grad_view.copy_(p.detach())
-            grad_view.neg_().add_(view)
+        delta = self.pseudo_gradient()
         local_sq = float(torch.dot(delta, delta))
         sent = self.numel
         if num_workers > 1 and self.part is not None:
@@ -287,10 +284,32 @@ class GlobalModel:
         norm, local_sq = self.whole_norms(norm, local_sq)
         skipped = not math.isfinite(norm)
         if not skipped:
-            self.optimizer.step()
+            self._step_with(delta)
+        del delta
         self.copy_to_params()
         payload = self.reduce.payload_bytes(sent, num_workers)
         return OuterStepResult(norm, payload, time.perf_counter() - start, skipped, local_sq_norm=local_sq)
+
+    @torch.no_grad()
+    def pseudo_gradient(self) -> torch.Tensor:
+        """Δ_w = φ − θ_w, flat float32, in a new buffer (one subtraction per parameter on φ's device; θ on another
+        device, `outer_state_device="cpu"`, is copied over first)."""
+        delta = torch.empty_like(self.phi, requires_grad=False)
+        for out, view, p in zip(self.views_of(delta), self.views, self.params):
+            if p.device == out.device:
+                torch.sub(view, p.detach(), out=out)
+            else:
+                out.copy_(p.detach())
+                out.neg_().add_(view)
+        return delta
+
+    def _step_with(self, grad: torch.Tensor) -> None:
+        """The outer SGD on φ with `grad` as its gradient, which φ holds only for the step."""
+        self.phi.grad = grad
+        try:
+            self.optimizer.step()
+        finally:
+            self.phi.grad = None
 
     def _flat_params(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1).to(self.device, torch.float32) for p in self.params])
@@ -319,8 +338,7 @@ class GlobalModel:
         norm = float(torch.linalg.vector_norm(mean))
         skipped = not math.isfinite(norm)
         if not skipped:
-            self.phi.grad.copy_(mean)
-            self.optimizer.step()
+            self._step_with(mean.to(self.device, torch.float32))
         return norm, skipped
 
     @torch.no_grad()

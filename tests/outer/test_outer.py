@@ -427,3 +427,22 @@ def test_state_dict_momentum_is_a_snapshot():
     drift(params, 0, 1)
     gm.outer_step(group=None, num_workers=1, dtype=torch.float32)
     assert torch.equal(state["momentum"], momentum)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_between_rounds_the_instance_holds_phi_and_the_momentum_only(dtype):
+    """8 bytes a parameter between outer steps (issue 38): φ and the momentum. The pseudo-gradient, 4 more, lives only
+    during the outer step, when the inner step's activations are freed (it was φ.grad, held for the whole run)."""
+    params = list(_model().to(dtype).parameters())
+    gm = GlobalModel(params, device=torch.device("cpu"), lr=LR, momentum=MOMENTUM, nesterov=True)
+    phi0, thetas = gm.phi.detach().clone(), []
+    for round_ in range(ROUNDS):
+        drift(params, 0, round_)
+        thetas.append([flat(params)])
+        gm.outer_step(group=None, num_workers=1, dtype=torch.float32)
+        assert gm.phi.grad is None
+        held = [gm.phi.detach()] + [t for s in gm.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+        assert sum(t.untyped_storage().nbytes() for t in held) == 8 * NUMEL
+    phi, buf = _sgd_reference(phi0, thetas, lr=LR, momentum=MOMENTUM, nesterov=True)[-1]
+    assert (gm.phi.detach().double() - phi).abs().max() <= 1e-5  # the same outer SGD as before
+    assert (gm.momentum.double() - buf).abs().max() <= 1e-5

@@ -9,6 +9,7 @@ attention's two matrix products (scores and mixing) over the whole T × T square
 peaks are the vendors' dense (no sparsity) bf16 figures; a device not in the table gets no MFU.
 """
 
+import glob
 import json
 import os
 import re
@@ -19,19 +20,30 @@ from recipes.benchmarks.toolkit.results import write_json
 
 
 __all__ = [
+    "BENCH_VERSION",
+    "DATA_SECONDS_BOUND",
+    "RUNS_FILE",
     "MFU_FORMULA",
     "PEAK_BF16_FLOPS",
     "device_info",
     "device_slug",
     "flops_per_token",
+    "finished_steps",
+    "folder_versions",
     "mfu",
     "peak_flops",
+    "read_runs",
     "read_step",
     "step_path",
     "tiny_corpus",
     "write_step",
 ]
 
+# Written into every step's results: a folder is continued only by the same version of the benchmark (2: issue 38's
+# steps, loader workers and memory per parameter; the results without a version are 1).
+BENCH_VERSION = 2
+RUNS_FILE = "runs.json"  # every attempt at a step: its outcome, seconds, the end of its log when it failed
+DATA_SECONDS_BOUND = 20.0  # issue 38: a step's data (tokenised, packed, loaded) ready in <= 20 s on the GPU machine
 MFU_FORMULA = (
     "MFU = (6 N + 12 L d T) × tokens/s ÷ peak; N = parameters in matrix products (all but the input embedding), "
     "L layers, d hidden size, T sequence length; peak = the device's dense bf16 FLOP/s"
@@ -121,9 +133,30 @@ def read_step(results_dir: str, step: str) -> dict | None:
         return json.load(f)
 
 
+def finished_steps(results_dir: str) -> list[str]:
+    """The steps whose results are in `results_dir`, by name."""
+    names = (os.path.basename(p)[: -len(".json")] for p in glob.glob(os.path.join(results_dir, "*.json")))
+    return sorted(n for n in names if n != RUNS_FILE[: -len(".json")])
+
+
+def folder_versions(results_dir: str) -> set[int]:
+    """The benchmark versions of a folder's finished steps (1 for those written before versions were recorded)."""
+    return {read_step(results_dir, step).get("bench_version", 1) for step in finished_steps(results_dir)}
+
+
+def read_runs(results_dir: str) -> list[dict]:
+    """Every attempt at a step recorded in the folder's `runs.json` ([] without one)."""
+    path = os.path.join(results_dir, RUNS_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def write_step(results_dir: str, step: str, result: dict, started: float) -> str:
     """Write a finished step's JSON (after its PNG): the step counts as done once this file exists."""
-    result = {"step": step, **result, "seconds": time.perf_counter() - started, "finished_at": time.time()}
+    result = {"step": step, "bench_version": BENCH_VERSION, **result, "seconds": time.perf_counter() - started,
+              "finished_at": time.time()}  # fmt: skip
     path = step_path(results_dir, step)
     write_json(path, result)
     return path

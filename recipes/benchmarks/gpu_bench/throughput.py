@@ -1,11 +1,16 @@
 """Steps (a) and (b) of `gpu_bench`: one process, no launch.
 
 (a) `throughput-50m`, `throughput-300m`: tokens/s, MFU and peak memory of the plain `Trainer`, of `AdLoCoTrainer`
-without statistics (`batch_size_test="none"`) and with them (`adloco_stats`: the norm test with `batch_size_cap` =
-the batch, so the request stays while the last step of every round is split into two hooked halves); each eager and
-compiled (`torch_compile=True`), all in bf16 with the fused AdamW (CUDA) on the same model, batch and data. A run
-trains `warmup` steps untimed (compilation, the first round's end and its recompile) and then `timed_rounds` whole
-rounds, timed from the first timed step's `on_step_begin` to the last one's end, AdLoCo's round ends included.
+without statistics (`batch_size_test="none"`), with them (`adloco_stats`: the norm test with `batch_size_cap` =
+the batch, so the request stays while the last step of every round is split into two hooked halves) and with its
+outer state on the CPU (`adloco_cpu_state`: `outer_state_device="cpu"`); each eager and compiled
+(`torch_compile=True`), all in bf16 with the fused AdamW (CUDA) on the same model, batch and Arrow data, read by the
+main process (0 loader workers) and by `loader_workers` processes (`dataloader_num_workers`). AdLoCo refused loader
+workers before issue 38's point 1: such a run is recorded with the library's message (`refused`) and runs, with no
+change here, once `AdLoCoConfig` takes them. A run trains `warmup` steps untimed (compilation, the first round's end
+and its recompile) and then `timed_rounds` whole rounds, timed from the first timed step's `on_step_begin` to the
+last one's end, AdLoCo's round ends included; each step's time also splits the round's end from an ordinary step
+(`round_end_extra_seconds`). Peak memory is the run's own: the device's peak less what was allocated at its start.
 
 (b) `growing-batch`: a compiled AdLoCo worker whose request grows from 4 to 64 under the norm test with the paper's
 controller (one round's statistics, a non-positive signal clamped: ×1/η² jumps), every size at once
@@ -36,10 +41,14 @@ from recipes.benchmarks.toolkit.stats import median_spread
 
 
 DESCRIPTION = "Steps (a) and (b) of `gpu_bench`: one process, no launch."
-VARIANTS = ("trainer", "adloco", "adloco_stats")
+VARIANTS = ("trainer", "adloco", "adloco_stats", "adloco_cpu_state")
+# The variants also run with loader workers (the outer state's place does not change how data is read).
+WITH_LOADER_WORKERS = ("trainer", "adloco", "adloco_stats")
 FULL = {
-    "throughput-50m": {"preset": "llama-50m", "block_size": 512, "batch": 64, "inner_steps": 25, "timed_rounds": 2},
-    "throughput-300m": {"preset": "microllama", "block_size": 512, "batch": 32, "inner_steps": 25, "timed_rounds": 2},
+    "throughput-50m": {"preset": "llama-50m", "block_size": 512, "batch": 64, "inner_steps": 25, "timed_rounds": 2,
+                       "loader_workers": 4},
+    "throughput-300m": {"preset": "microllama", "block_size": 512, "batch": 32, "inner_steps": 25, "timed_rounds": 2,
+                        "loader_workers": 4},
     "growing-batch": {"preset": "llama-50m", "block_size": 512, "start": 4, "cap": 64, "inner_steps": 10, "rounds": 24,
                       "fixed_steps": 40},
 }  # fmt: skip
@@ -47,8 +56,8 @@ FULL = {
 TINY = {
     step: {**FULL[step], "preset": "tiny", **smaller}
     for step, smaller in {
-        "throughput-50m": {"block_size": 32, "batch": 4, "inner_steps": 2},
-        "throughput-300m": {"block_size": 64, "batch": 4, "inner_steps": 2},
+        "throughput-50m": {"block_size": 32, "batch": 4, "inner_steps": 2, "loader_workers": 2},
+        "throughput-300m": {"block_size": 64, "batch": 4, "inner_steps": 2, "loader_workers": 2},
         "growing-batch": {"block_size": 32, "start": 2, "cap": 16, "inner_steps": 2, "rounds": 8, "fixed_steps": 6},
     }.items()
 }
@@ -69,8 +78,9 @@ def settings_for(step: str, tiny: bool, cache_dir: str, overrides: dict | None =
         seed=42,
         learning_rate=3e-4,
         optim="adamw_torch_fused" if cuda else "adamw_torch",
-        # On a CPU (--tiny) inductor's C++ compilation would take minutes: dynamo and AOT autograd still trace.
-        compile_backend="inductor" if cuda or not tiny else "aot_eager",
+        # On a CPU (--tiny) inductor's C++ compilation would take minutes and AOT autograd's traces most of the
+        # test's time: dynamo alone still captures the graphs, counts them and recompiles on a new batch size.
+        compile_backend="inductor" if cuda or not tiny else "eager",
     )
     settings.update(overrides or {})
     return settings
@@ -102,6 +112,19 @@ class StepClock:
         self.callbacks = (Begin(), End())
 
 
+def _adloco_rules(variant: str, settings: dict, batch: int) -> dict:
+    """AdLoCo's settings of a throughput variant (module docstring)."""
+    return {
+        "batch_size_test": "norm" if variant == "adloco_stats" else "none",
+        "batch_size_cap": batch if variant == "adloco_stats" else None,
+        # a micro-batch below the batch: switch mode accumulates every step (the statistics' groups are then the
+        # micro-batches, of the same shapes as every other step's)
+        "max_batch_size": settings.get("max_batch_size") or batch,
+        "switch_threshold": settings.get("switch_threshold", 2.0),
+        "outer_state_device": "cpu" if variant == "adloco_cpu_state" else "device",
+    }
+
+
 def train_once(
     settings: dict,
     lm,
@@ -113,8 +136,10 @@ def train_once(
     batch: int,
     out: str,
     adloco: dict | None = None,
+    loader_workers: int = 0,
 ) -> tuple:
-    """Train `steps` steps of one variant from fresh weights; returns (clock, trainer facts)."""  # fmt: skip
+    """Train `steps` steps of one variant from fresh weights; returns (clock, trainer facts), or (None, {"refused":
+    the library's message}) when AdLoCo refuses the run's settings (loader workers before it took them)."""
     import torch
     from torch._dynamo.utils import counters
     from transformers import Trainer, TrainingArguments, default_data_collator
@@ -123,29 +148,27 @@ def train_once(
 
     torch._dynamo.reset()
     counters.clear()
+    gc.collect()
     if settings["cuda"]:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    at_start = torch.cuda.memory_allocated() if settings["cuda"] else None
     common = dict(
         output_dir=out, per_device_train_batch_size=batch, learning_rate=settings["learning_rate"],
         lr_scheduler_type="constant", optim=settings["optim"], max_grad_norm=1.0, max_steps=steps,
         seed=settings["seed"], data_seed=settings["seed"], use_cpu=not settings["cuda"], bf16=True,
         torch_compile=compiled, torch_compile_backend=settings["compile_backend"] if compiled else None,
         save_strategy="no", eval_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
-        dataloader_num_workers=0,
+        dataloader_num_workers=loader_workers, dataloader_persistent_workers=loader_workers > 0,
     )  # fmt: skip
     if variant == "trainer":
         args = TrainingArguments(**common)
     else:
-        rules = dict(adloco) if adloco else {
-            "batch_size_test": "norm" if variant == "adloco_stats" else "none",
-            "batch_size_cap": batch if variant == "adloco_stats" else None,
-            # a micro-batch below the batch: switch mode accumulates every step (the statistics' groups are then
-            # the micro-batches, of the same shapes as every other step's)
-            "max_batch_size": settings.get("max_batch_size") or batch,
-            "switch_threshold": settings.get("switch_threshold", 2.0),
-        }  # fmt: skip
-        args = AdLoCoConfig(**common, inner_steps=settings["inner_steps"], save_merges=False, **rules)
+        rules = dict(adloco) if adloco else _adloco_rules(variant, settings, batch)
+        try:
+            args = AdLoCoConfig(**common, inner_steps=settings["inner_steps"], save_merges=False, **rules)
+        except ValueError as error:  # the switch: loader workers run here once AdLoCoConfig takes them
+            return None, {"refused": str(error).split(". ")[0]}
     model = make_model({"preset": settings["preset"], "block_size": settings["block_size"], "seed": settings["seed"]},
                        tokenizer)  # fmt: skip
     holder: list = []
@@ -160,23 +183,39 @@ def train_once(
         "graphs": int(counters["stats"]["unique_graphs"]),
         "graph_breaks": int(sum(counters["graph_break"].values())),
         "peak_memory_bytes": torch.cuda.max_memory_allocated() if settings["cuda"] else None,
+        "memory_at_start_bytes": at_start,
         "flops": flops_per_token(model.config, settings["block_size"]),
+        "parameters_total": sum(p.numel() for p in model.parameters()),
         "compiled_is_used": compiled and type(trainer.model_wrapped).__name__ == "OptimizedModule",
     }
     if variant != "trainer":
         facts["rounds"] = [{k: line.get(k) for k in ("batch_size", "next_batch_size", "grad_variance")}
                            for line in load_rounds(out)]  # fmt: skip
+    # The clock outlives the run (the caller reads it during the next one): it must not keep this trainer, its model
+    # and optimizer alive, as it did through `holder` until issue 38 (each run's peak memory then held the previous
+    # run's weights, AdamW moments and outer state: +24 bytes a parameter for AdLoCo after the Trainer, +36 for the
+    # statistics run after AdLoCo, on the H200).
+    holder.clear()
     del trainer, model
     gc.collect()
     shutil.rmtree(out, ignore_errors=True)
     return clock, facts
 
 
-def window(clock: StepClock, first: int, last: int, tokens_per_step: int) -> dict:
-    steps = [clock.end[s] - clock.begin[s] for s in range(first, last + 1)]
-    seconds = clock.end[last] - clock.begin[first]
-    return {"tokens_per_second": tokens_per_step * (last - first + 1) / seconds, "window_seconds": seconds,
-            "step_seconds": median_spread(steps), "warmup_seconds": clock.begin[first] - clock.begin[1]}  # fmt: skip
+def window(clock: StepClock, first: int, last: int, tokens_per_step: int, inner_steps: int) -> dict:
+    """Tokens/s over steps `first`..`last`, the steps' spread, and where the time went: an ordinary step (its
+    passes and optimizer step), what a round's last step costs above it (AdLoCo's round end: the statistics'
+    halves and the outer step), and the mean gap between two steps (the Trainer fetching and collating the next
+    batch: the data path)."""
+    seconds = {s: clock.end[s] - clock.begin[s] for s in range(first, last + 1)}
+    total = clock.end[last] - clock.begin[first]
+    ordinary = median_spread([t for s, t in seconds.items() if s % inner_steps])
+    ends = [t for s, t in seconds.items() if s % inner_steps == 0]
+    return {"tokens_per_second": tokens_per_step * (last - first + 1) / total, "window_seconds": total,
+            "step_seconds": median_spread(list(seconds.values())), "ordinary_step_seconds": ordinary,
+            "round_end_extra_seconds": sum(ends) / len(ends) - ordinary["median"] if ends else None,
+            "between_steps_seconds": (total - sum(seconds.values())) / max(last - first, 1),
+            "warmup_seconds": clock.begin[first] - clock.begin[1]}  # fmt: skip
 
 
 def throughput(step: str, settings: dict, tokenizer, lm, work: str, peak: float | None) -> dict:
@@ -186,18 +225,31 @@ def throughput(step: str, settings: dict, tokenizer, lm, work: str, peak: float 
     rows = []
     for compiled in (False, True):
         for variant in VARIANTS:
-            clock, facts = train_once(settings, lm, tokenizer, variant=variant, compiled=compiled, steps=steps,
-                                      batch=batch, out=os.path.join(work, variant))  # fmt: skip
-            row = {"variant": variant, "compiled": compiled, "batch": batch, "block_size": settings["block_size"],
-                   **window(clock, warmup + 1, steps, batch * settings["block_size"]), **facts}  # fmt: skip
-            row["mfu"] = mfu(row["tokens_per_second"], facts["flops"]["flops"], peak)
-            rows.append(row)
-            print(f"[{step}] {variant:>12} compiled={compiled}: {row['tokens_per_second']:,.0f} tokens/s, "
-                  f"graphs {row['graphs']}, breaks {row['graph_breaks']}", flush=True)  # fmt: skip
+            loaders = (0, settings["loader_workers"]) if variant in WITH_LOADER_WORKERS else (0,)
+            for workers in loaders:
+                row = {"variant": variant, "compiled": compiled, "loader_workers": workers, "batch": batch,
+                       "block_size": settings["block_size"]}  # fmt: skip
+                clock, facts = train_once(settings, lm, tokenizer, variant=variant, compiled=compiled, steps=steps,
+                                          batch=batch, out=os.path.join(work, variant), loader_workers=workers)  # fmt: skip
+                row.update(facts)
+                if clock is None:
+                    print(f"[{step}] {variant:>16} compiled={compiled} loader workers {workers}: refused "
+                          f"({facts['refused']})", flush=True)  # fmt: skip
+                    rows.append(row)
+                    continue
+                row.update(window(clock, warmup + 1, steps, batch * settings["block_size"], h))
+                row["mfu"] = mfu(row["tokens_per_second"], facts["flops"]["flops"], peak)
+                rows.append(row)
+                print(f"[{step}] {variant:>16} compiled={compiled} loader workers {workers}: "
+                      f"{row['tokens_per_second']:,.0f} tokens/s, graphs {row['graphs']}", flush=True)  # fmt: skip
     for row in rows:
-        plain = next(r for r in rows if r["variant"] == "trainer" and r["compiled"] == row["compiled"])
-        row["ratio_to_trainer"] = row["tokens_per_second"] / plain["tokens_per_second"]
-    return {"rows": rows, "parameters": rows[0]["flops"]["matmul_parameters"]}
+        plain = next(r for r in rows if r["variant"] == "trainer" and r["compiled"] == row["compiled"]
+                     and r["loader_workers"] == row["loader_workers"])  # fmt: skip
+        if "refused" not in row:
+            row["ratio_to_trainer"] = row["tokens_per_second"] / plain["tokens_per_second"]
+    measured = next(r for r in rows if "flops" in r)
+    return {"rows": rows, "parameters": measured["flops"]["matmul_parameters"],
+            "parameters_total": measured["parameters_total"]}  # fmt: skip
 
 
 def growing_batch(step: str, settings: dict, tokenizer, lm, work: str, peak: float | None) -> dict:
@@ -244,18 +296,18 @@ def run(step: str, results_dir: str, cache_dir: str, tiny: bool, overrides: dict
     if not torch.cuda.is_available():
         torch.set_num_threads(1)
     settings = settings_for(step, tiny, cache_dir, overrides)
-    tokenizer, lm = load_blocks(settings)
+    tokenizer, lm, data_seconds = load_blocks(settings)
     device = device_info()
     work = os.path.join(REPO, "outputs", "gpu_bench", "runs", step)
     measure = growing_batch if step == "growing-batch" else throughput
-    result = measure(step, settings, tokenizer, lm, work, device["peak_bf16_flops"])
+    result = {**measure(step, settings, tokenizer, lm, work, device["peak_bf16_flops"]), "data_seconds": data_seconds}
     plot_rows(step, result, os.path.join(results_dir, f"{step}.png"))
     return write_step(results_dir, step, {"device": device, "settings": settings, **result}, started)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = step_parser(STEPS, DESCRIPTION)
-    parser.add_argument("--compile_backend", default=None, help="e.g. inductor on a CPU (--tiny's default: aot_eager)")
+    parser.add_argument("--compile_backend", default=None, help="e.g. inductor on a CPU (--tiny's default: eager)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=JSON", help="Override a setting, e.g. start=4.")
     return parser.parse_args(argv)
 

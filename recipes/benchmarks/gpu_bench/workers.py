@@ -1,11 +1,5 @@
-"""Steps (c), (d) and (e) of `gpu_bench`: launches of the benchmark worker (`toolkit/worker/`: `accelerate launch`,
-gloo) on one device, each method one launch.
-
-(c) `target-<method>-seed<k>`: AdLoCo, DiLoCo (4 workers sharing the device) and the plain `Trainer` on one worker
-with the batch of all four (the same compute per step), on `builtin:python-source`; each trains until `budget_seconds`
-of training (evaluations excluded) or 0.95 epoch of the train split (every token fresh), whichever comes first, and
-evaluates every `eval_every_rounds` rounds. One step per method and seed, so a later run can add the second seed;
-`report.py` reads the three of a seed and gives the seconds each needs to reach DiLoCo's final perplexity.
+"""Steps (d) and (e) of `gpu_bench`: launches of the benchmark worker (`toolkit/worker/`: `accelerate launch`,
+gloo) on one device, each method one launch; `launch` serves `headline.py` too.
 
 (d) and (e), `workers`: DiLoCo with 4 workers sharing the device against 1 worker at the same per-worker batch, and
 4-worker DiLoCo with the int4 ring (`pseudo_grad_compression="int4"`) and with the overlapped outer step
@@ -20,7 +14,7 @@ import os
 import sys
 import time
 
-from recipes.benchmarks.gpu_bench.data import data_spec, load_blocks, plot_rows
+from recipes.benchmarks.gpu_bench.data import data_spec, plot_rows, timed_data
 from recipes.benchmarks.gpu_bench.device import device_info, write_step
 from recipes.benchmarks.gpu_bench.step_cli import step_parser, stop_on_sigterm
 from recipes.benchmarks.toolkit.paths import REPO
@@ -28,10 +22,10 @@ from recipes.benchmarks.toolkit.runs import run_method
 from recipes.benchmarks.toolkit.settings import CPU_BASE, deep_merge, method_spec
 
 
-DESCRIPTION = "Steps (c), (d) and (e) of `gpu_bench`: launches of the benchmark worker on one device."
-TARGET_METHODS = ("diloco", "adloco", "trainer")
-SEEDS = (1, 2)
-STEPS = ("workers", *(f"target-{m}-seed{s}" for s in SEEDS for m in TARGET_METHODS))
+__all__ = ["STEPS", "launch", "run"]
+
+DESCRIPTION = "Steps (d) and (e) of `gpu_bench`: launches of the benchmark worker on one device."
+STEPS = ("workers",)
 # On the device: a ~100 M Llama, 4 workers of batch 8 × 512 tokens, H = 50, bf16 and the fused AdamW.
 FULL = {
     "preset": "llama-100m",
@@ -42,18 +36,20 @@ FULL = {
     "train": {"batch_size": 8, "eval_batch_size": 32, "learning_rate": 1e-3, "warmup_steps": 50, "inner_steps": 50,
               "eval_every_rounds": 4},
     "adloco": {"max_batch_size": 32, "batch_size_cap": 128, "merge_every": 2},
-    "budget_seconds": 300,
-    "short_rounds": 8,  # (d) and (e): rounds per run
-    "timeout": 540,
+    "short_rounds": 8,  # rounds per run
+    "timeout": 150,  # one launch
 }  # fmt: skip
 # --tiny: 2 workers of the tiny model, short blocks, rounds of 2 steps, a budget of one second (on a CPU).
 TINY = deep_merge(FULL, {
     "preset": "tiny", "world_size": 2, "block_size": 32, "bf16": False, "optim": "adamw_torch",
     "train": {"batch_size": 4, "learning_rate": 3e-3, "warmup_steps": 2, "inner_steps": 2, "eval_every_rounds": 1},
     "adloco": {"max_batch_size": 8, "batch_size_cap": 16, "merge_every": 1},
-    "budget_seconds": 1.0, "short_rounds": 2, "timeout": 180,
+    "short_rounds": 2, "timeout": 180,
 })  # fmt: skip
 COMM_METHODS = ("diloco", "diloco_int4", "diloco_overlap")
+# --tiny: one compressed method beside the 2-worker run (each launch costs ~13 s of imports on a 2-core CPU; the
+# overlapped step is the same code here, a name, and has its own tests).
+TINY_COMM_METHODS = ("diloco", "diloco_int4")
 
 
 def shared_settings(tiny: bool, cache_dir: str, cuda: bool) -> dict:
@@ -62,6 +58,7 @@ def shared_settings(tiny: bool, cache_dir: str, cuda: bool) -> dict:
     settings = deep_merge(CPU_BASE, {k: v for k, v in mine.items() if k not in ("short_rounds",)})
     settings.update(device="cuda" if cuda else "cpu", cache_dir=cache_dir, data=data_spec(tiny, cache_dir))
     settings["short_rounds"] = mine["short_rounds"]
+    settings["comm_methods"] = TINY_COMM_METHODS if tiny else COMM_METHODS
     return settings
 
 
@@ -72,20 +69,20 @@ def launch(
     *,
     seed: int = 1,
     world_size: int | None = None,
-    batch_size: int | None = None,
     budget_tokens: int,
     budget_seconds: float | None = None,
 ) -> dict:
-    """One launch of method `name` (`toolkit.methods.METHODS`, or `trainer`: the plain Trainer) into `folder`."""
-    method = "ddp" if name == "trainer" else name
-    spec = method_spec(method, settings, folder, seed=seed)
+    """One launch of method `name` (`toolkit.methods.METHODS`) into `folder`, until `budget_tokens` (the method's
+    own `budget_factor` does not apply: the caller's budget is the ceiling) or `budget_seconds` of training."""
+    # `budget_tokens` in the settings too: `method_spec` scales it by a goodput method's `budget_factor`, which the
+    # update below then overrides with the caller's budget.
+    spec = method_spec(name, {**settings, "budget_tokens": budget_tokens}, folder, seed=seed)
     spec.update(method=name, output_dir=os.path.join(folder, name, f"seed-{seed}"), budget_tokens=budget_tokens,
                 budget_seconds=budget_seconds)  # fmt: skip
     if world_size is not None:
         spec["world_size"] = world_size
-    if batch_size is not None:
-        spec["train"]["batch_size"] = batch_size
     spec.pop("short_rounds", None)
+    spec.pop("comm_methods", None)
     if "num_instances" in spec["adloco"]:  # --tiny: fewer workers than AdLoCo's 4 instances
         spec["adloco"]["num_instances"] = min(spec["adloco"]["num_instances"], spec["world_size"])
     result = run_method(name, spec, reuse=False)
@@ -93,7 +90,7 @@ def launch(
         raise SystemExit(f"{name}: the launch failed ({result['error']}); see {spec['output_dir']}/launch.log")
     keep = ("final_eval_ppl", "tokens", "steps", "rounds", "wall_seconds", "tokens_per_second", "comm_bytes",
             "epochs", "max_worker_epochs", "peak_memory_bytes", "world_size", "parameters", "stopped_by_time_at",
-            "budget_reached", "launch_seconds", "batch_sizes")  # fmt: skip
+            "budget_reached", "launch_seconds", "batch_sizes", "instances", "eval_seconds", "curve_kind")  # fmt: skip
     run = {key: result.get(key) for key in keep}
     run["name"], run["seed"] = name, seed
     run["evals"] = [{k: p.get(k) for k in ("tokens", "seconds", "inner_steps", "rounds", "eval_ppl")}
@@ -114,7 +111,7 @@ def workers(settings: dict, work: str) -> dict:
     budget = short_budget(settings, world)
     runs = [launch("diloco", settings, os.path.join(work, "all"), budget_tokens=budget),
             launch("diloco", settings, os.path.join(work, "one"), world_size=1, budget_tokens=short_budget(settings, 1)),
-            *(launch(name, settings, work, budget_tokens=budget) for name in COMM_METHODS[1:])]  # fmt: skip
+            *(launch(name, settings, work, budget_tokens=budget) for name in settings["comm_methods"][1:])]  # fmt: skip
     runs[0]["name"], runs[1]["name"] = f"diloco, {world} workers", "diloco, 1 worker"
     bf16 = runs[0]["tokens_per_second"]
     for run in runs:
@@ -122,32 +119,14 @@ def workers(settings: dict, work: str) -> dict:
     return {"runs": runs, "ratio": bf16 / runs[1]["tokens_per_second"]}
 
 
-def target(method: str, seed: int, settings: dict, train_tokens: int, work: str) -> dict:
-    """(c): one method, one seed, until the time budget or 0.95 epoch."""
-    world = settings["world_size"]
-    budget_tokens = int(0.95 * train_tokens)
-    if method == "trainer":  # one worker, the batch of all four: the same compute per step
-        run = launch("trainer", settings, work, seed=seed, world_size=1, batch_size=world * settings["train"]["batch_size"],
-                     budget_tokens=budget_tokens, budget_seconds=settings["budget_seconds"])  # fmt: skip
-    else:
-        run = launch(method, settings, work, seed=seed, budget_tokens=budget_tokens,
-                     budget_seconds=settings["budget_seconds"])  # fmt: skip
-    return {"method": method, "seed": seed, **run, "train_tokens": train_tokens}
-
-
 def run(step: str, results_dir: str, cache_dir: str, tiny: bool) -> str:
     started = time.perf_counter()
     import torch
 
     settings = shared_settings(tiny, cache_dir, torch.cuda.is_available())
-    tokenizer, lm = load_blocks({"tiny": tiny, "cache_dir": cache_dir, "block_size": settings["block_size"]})
-    train_tokens = len(lm["train"]) * settings["block_size"]
+    data_seconds = timed_data(settings)
     work = os.path.join(REPO, "outputs", "gpu_bench", "runs", os.path.basename(results_dir), step)
-    if step == "workers":
-        result = workers(settings, work)
-    else:
-        _, method, seed = step.split("-")
-        result = target(method, int(seed.removeprefix("seed")), settings, train_tokens, work)
+    result = {**workers(settings, work), "data_seconds": data_seconds}
     plot_rows(step, result, os.path.join(results_dir, f"{step}.png"))
     settings.pop("cache_dir")
     return write_step(results_dir, step, {"device": device_info(), "settings": settings, **result}, started)

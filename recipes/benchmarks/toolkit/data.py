@@ -19,11 +19,14 @@ __all__ = ["load_data", "make_model", "perplexity"]
 
 
 def load_data(spec: dict):
-    """(tokenizer, {"train", "eval"} packed blocks of `block_size` tokens); the eval split cut to `eval_blocks`."""
+    """(tokenizer, {"train", "eval"} packed blocks of `block_size` tokens); the eval split cut to `eval_blocks`.
+    `num_proc` (optional): processes that tokenise and pack the corpus when its blocks are not cached yet."""
     data = spec["data"]
     texts = load_text_corpus(data["corpus"])
     tokenizer = load_or_train_tokenizer(None, texts, vocab_size=data["vocab_size"], cache_dir=spec["cache_dir"])
-    lm = build_lm_datasets(texts, tokenizer, block_size=spec["block_size"], cache_dir=spec["cache_dir"])
+    lm = build_lm_datasets(
+        texts, tokenizer, block_size=spec["block_size"], cache_dir=spec["cache_dir"], num_proc=data.get("num_proc")
+    )
     eval_blocks = data.get("eval_blocks")
     if eval_blocks is not None and len(lm["eval"]) > eval_blocks:
         # The first blocks of the held-out files: evaluating every few rounds stays cheap, and the same for all.

@@ -3,6 +3,7 @@ CPU, resumed, with its generated table."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ from helpers import REPO
 from recipes.benchmarks import gpu_bench
 from recipes.benchmarks.gpu_bench import report as gpu_report
 from recipes.benchmarks.gpu_bench.device import device_slug, flops_per_token, mfu, peak_flops
+from recipes.benchmarks.gpu_bench.headline import time_to_target
 
 
 def test_peaks_slugs_and_mfu():
@@ -41,9 +43,13 @@ def test_a_later_run_continues_the_newest_unfinished_folder_of_its_device(tmp_pa
     for folder in (older, newer):
         folder.mkdir()
     assert gpu_bench.choose_folder(str(tmp_path), "gpu-a", "2026-03-01") == str(newer)
+    current = json.dumps({"bench_version": gpu_bench.BENCH_VERSION})
     for step in gpu_bench.STEPS:  # the newer one finished: the older one still lacks its steps
-        (newer / f"{step.name}.json").write_text("{}")
+        (newer / f"{step.name}.json").write_text(current)
     assert gpu_bench.choose_folder(str(tmp_path), "gpu-a", "2026-03-01") == str(older)
+    # A step of an older benchmark (no version: the H200 figures of 2026-11-27) closes its folder to later runs.
+    (older / "throughput-300m.json").write_text("{}")
+    assert gpu_bench.choose_folder(str(tmp_path), "gpu-a", "2026-03-01") == str(tmp_path / "gpu-a-2026-03-01")
     assert gpu_bench.choose_folder(str(tmp_path), "gpu-b", "2026-03-01") == str(tmp_path / "gpu-b-2026-03-01")
     assert gpu_bench.fits(gpu_bench.STEPS[0], 0.0, None)
     assert not gpu_bench.fits(gpu_bench.Step("x", "m", 5.0), 4.0, 8.5) and gpu_bench.fits(
@@ -51,9 +57,16 @@ def test_a_later_run_continues_the_newest_unfinished_folder_of_its_device(tmp_pa
     )
 
 
+def test_every_step_fits_a_stay_and_the_unmeasured_come_first():
+    """A stay on a GPU machine is 15 minutes, its start-up included: no step may be estimated, or run, over 8."""
+    assert gpu_bench.STEP_LIMIT_SECONDS == 8 * 60
+    assert all(step.minutes * 60 <= gpu_bench.STEP_LIMIT_SECONDS for step in gpu_bench.STEPS)
+    names = [step.name for step in gpu_bench.STEPS]
+    assert names[0] == "headline" and names[-1] == "throughput-300m"  # the only step an H200 has finished
+
+
 def test_a_stopped_step_takes_its_process_group_with_it():
     """The step limit (or gpu_bench itself stopped): SIGTERM to the step's process group, SIGKILL after the grace."""
-    import signal
 
     ignoring = "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     for code, grace in (("", 10.0), (ignoring, 0.5)):
@@ -65,123 +78,217 @@ def test_a_stopped_step_takes_its_process_group_with_it():
         assert process.returncode == (-signal.SIGTERM if grace > 1 else -signal.SIGKILL)
 
 
-def test_time_to_target_interpolates_each_method_to_diloco_s_final_perplexity(tmp_path):
+def test_time_to_target_interpolates_each_method_to_diloco_s_final_perplexity():
     def run(points):
-        evals = [{"seconds": s, "tokens": 100 * s, "eval_ppl": p} for s, p in points]
-        return {"evals": evals, "final_eval_ppl": points[-1][1], "wall_seconds": points[-1][0], "tokens": 100,
-                "stopped_by_time_at": 10}  # fmt: skip
+        return {"evals": [{"seconds": s, "tokens": 100 * s, "eval_ppl": p} for s, p in points],
+                "final_eval_ppl": points[-1][1]}  # fmt: skip
 
-    runs = {"diloco": run([(0, 400), (10, 200), (20, 100)]), "adloco": run([(0, 400), (5, 200), (10, 50)]),
-            "trainer": run([(0, 400), (20, 300)])}  # fmt: skip
-    for method, result in runs.items():
-        (tmp_path / f"target-{method}-seed1.json").write_text(json.dumps(result))
-    reach = gpu_report.time_to_target(str(tmp_path), 1)
-    assert reach["target_ppl"] == 100
+    runs = {"diloco": run([(0, 400), (10, 200), (20, 100)]), "adloco_goodput": run([(0, 400), (5, 200), (10, 50)]),
+            "adloco_norm": run([(0, 400), (20, 300)])}  # fmt: skip
+    reach = time_to_target(runs)
+    assert reach["target_ppl"] == 100 and reach["reference"] == "diloco"
     assert reach["methods"]["diloco"]["seconds"] == pytest.approx(20)
+    assert reach["methods"]["diloco"]["vs_reference"] == pytest.approx(1.0)
     # AdLoCo crosses 100 between 200 (5 s) and 50 (10 s): half way in log-perplexity, 7.5 s.
-    assert reach["methods"]["adloco"]["seconds"] == pytest.approx(7.5)
-    assert reach["methods"]["adloco"]["vs_diloco"] == pytest.approx(0.375)
-    assert reach["methods"]["trainer"]["seconds"] is None  # never got there
-    assert gpu_report.time_to_target(str(tmp_path), 2) is None
+    assert reach["methods"]["adloco_goodput"]["seconds"] == pytest.approx(7.5)
+    assert reach["methods"]["adloco_goodput"]["tokens"] == pytest.approx(750)
+    assert reach["methods"]["adloco_goodput"]["vs_reference"] == pytest.approx(0.375)
+    assert reach["methods"]["adloco_norm"]["seconds"] is None  # never got there
+    assert reach["methods"]["adloco_norm"]["vs_reference"] is None
+
+
+def test_throughput_rows_compare_each_variant_at_its_best_data_setting():
+    """Loader workers (issue 38, point 4): a variant's best row is its fastest data setting, `/ Trainer's best` is
+    against the Trainer's fastest with the same compile setting, a refused run keeps its reason and no ratio, and
+    memory a parameter is the run's own peak (less what it found allocated) above the Trainer's."""
+
+    def row(variant, workers, tokens, peak=None, start=0, refused=None):
+        return {"variant": variant, "compiled": False, "loader_workers": workers, "tokens_per_second": tokens,
+                "peak_memory_bytes": peak, "memory_at_start_bytes": start, "refused": refused}  # fmt: skip
+
+    rows = [row("trainer", 0, 100.0, peak=1000), row("trainer", 4, 120.0, peak=1100),
+            row("adloco", 0, 110.0, peak=1900, start=100), row("adloco", 4, None, refused="no loader workers")]  # fmt: skip
+    table = gpu_report.throughput_rows({"rows": rows, "parameters": 100})
+    best = {(r["variant"], r["loader workers"]): r["best data"] for r in table}
+    assert best == {("trainer", 0): None, ("trainer", 4): "yes", ("adloco", 0): "yes", ("adloco", 4): None}
+    adloco = table[2]
+    assert adloco["/ Trainer's best"] == pytest.approx(110 / 120)
+    assert adloco["B/parameter over Trainer"] == pytest.approx((1800 - 1000) / 100)  # its own 1800 over 1000
+    assert table[3]["/ Trainer's best"] is None and table[3]["refused"] == "no loader workers"
 
 
 TINY_STEPS = [s.name for s in gpu_bench.STEPS if s.name not in ("throughput-300m",) and not s.name.endswith("seed2")]
+ISOLATED = "growing-batch"  # the step run again in its own process (the cheapest at tiny scale)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The whole benchmark at tiny scale on the CPU, once for this module's tests: `gpu_bench.main --tiny` in this
+    process (a process of its own would import torch and transformers again: ~10 s on 2 cores), every step's code
+    with its launches of 2 workers (`accelerate launch`, gloo). MicroLlama's throughput step and the second seed are
+    the same code as the 50 M step and the first seed, left out to save time. The tests below read its files."""
+    import torch
+    import transformers
+
+    root = tmp_path_factory.mktemp("gpu_bench")
+    folder, doc = root / "results" / "cpu-2026-01-01", root / "gpu.md"
+    doc.write_text("# GPU\n\nText before the generated section stays.\n")
+    argv = ["--tiny", "--results_dir", str(folder), "--doc", str(doc), "--cache_dir", str(root / "cache"),
+            "--steps", *TINY_STEPS]  # fmt: skip
+    threads, verbosity = torch.get_num_threads(), transformers.logging.get_verbosity()
+    on_sigterm = signal.getsignal(signal.SIGTERM)
+    try:  # main and the steps set this process's threads, logging and SIGTERM as in their own process: restored
+        code = gpu_bench.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+        transformers.logging.set_verbosity(verbosity)
+        signal.signal(signal.SIGTERM, on_sigterm)
+    results = {step: json.loads((folder / f"{step}.json").read_text()) for step in TINY_STEPS if
+               (folder / f"{step}.json").exists()}  # fmt: skip
+    return {"code": code, "folder": folder, "doc": doc, "root": root, "argv": argv, "results": results}
 
 
 @pytest.mark.multiprocess
-def test_the_tiny_benchmark_runs_every_step_resumes_and_writes_its_table(tmp_path):
-    """The benchmark at tiny scale on the CPU (launches of 2 workers), every step's code: MicroLlama's throughput
-    step and the second seed are the same code as the 50 M step and the first seed, left out to save time."""
-    folder, doc = tmp_path / "results" / "cpu-2026-01-01", tmp_path / "gpu.md"
-    doc.write_text("# GPU\n\nText before the generated section stays.\n")
-    command = [sys.executable, "-m", "recipes.benchmarks.gpu_bench", "--tiny", "--results_dir", str(folder),
-               "--doc", str(doc), "--cache_dir", str(tmp_path / "cache"), "--steps", *TINY_STEPS]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    first = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
-    assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-3000:]
+def test_the_tiny_benchmark_runs_every_step_into_its_folder(tiny):
+    folder = tiny["folder"]
+    assert tiny["code"] == 0 and sorted(tiny["results"]) == sorted(TINY_STEPS)
     for step in TINY_STEPS:
-        assert (folder / f"{step}.json").exists() and (folder / f"{step}.png").stat().st_size > 1000, step
-    results = {step: json.loads((folder / f"{step}.json").read_text()) for step in TINY_STEPS}
+        assert (folder / f"{step}.png").stat().st_size > 1000, step
+        assert tiny["results"][step]["data_seconds"] > 0 and tiny["results"][step]["bench_version"] == 2
+    runs = json.loads((folder / "runs.json").read_text())
+    assert [run["step"] for run in runs] == TINY_STEPS and all(run["done"] for run in runs)
+    assert (folder / "README.md").exists()
 
-    rows = results["throughput-50m"]["rows"]
-    assert [(r["variant"], r["compiled"]) for r in rows] == [
-        (v, c) for c in (False, True) for v in ("trainer", "adloco", "adloco_stats")
+
+@pytest.mark.multiprocess
+def test_the_tiny_headline_runs_the_three_methods_for_the_same_seconds(tiny):
+    headline = tiny["results"]["headline"]
+    assert list(headline["runs"]) == ["diloco", "adloco_goodput", "adloco_norm"]
+    start = {"seconds": 0.0, "tokens": 0, "inner_steps": 0, "rounds": 0, "eval_ppl": headline["initial_ppl"]}
+    for run in headline["runs"].values():
+        assert run["stopped_by"] == "time" and run["stopped_by_time_at"] is not None  # not the data: fresh tokens
+        assert run["world_size"] == 2 and run["epochs"] < 0.95
+        first, *evals = run["evals"]
+        assert first == start  # every curve starts at the same initial weights
+        seconds = [p["seconds"] for p in evals]
+        assert len(seconds) >= 2 and seconds == sorted(seconds) and seconds[0] > 0
+    reach = headline["time_to_target"]
+    assert reach["target_ppl"] == headline["runs"]["diloco"]["final_eval_ppl"]
+    assert reach["methods"]["diloco"]["vs_reference"] == pytest.approx(1.0)
+    assert headline["budget_tokens"] == int(0.95 * headline["train_tokens"])
+
+
+@pytest.mark.multiprocess
+def test_the_tiny_throughput_rows_cover_every_variant_and_data_setting(tiny):
+    rows = tiny["results"]["throughput-50m"]["rows"]
+    assert [(r["variant"], r["compiled"], r["loader_workers"]) for r in rows] == [
+        (v, c, w)
+        for c in (False, True)
+        for v in ("trainer", "adloco", "adloco_stats", "adloco_cpu_state")
+        for w in ((0, 2) if v != "adloco_cpu_state" else (0,))
     ]
     for row in rows:
+        assert "refused" not in row  # AdLoCo takes loader workers (issue 38, point 1)
         assert row["tokens_per_second"] > 0 and row["ratio_to_trainer"] > 0
         assert row["compiled_is_used"] == row["compiled"]
         assert row["graphs"] >= 1 if row["compiled"] else row["graphs"] == 0
         assert row["graph_breaks"] == 0
+        assert row["ordinary_step_seconds"]["n"] > 0 and row["round_end_extra_seconds"] is not None
     stats = next(r for r in rows if r["variant"] == "adloco_stats" and r["compiled"])
     assert all(line["grad_variance"] is not None for line in stats["rounds"])
-    grow = results["growing-batch"]
-    settings = grow["settings"]
-    # The request grows (how far in 8 tiny rounds depends on the compiled kernels' rounding: 15 or 16 seen).
-    sizes = grow["grown"]["sizes"]
-    assert sizes[0] == settings["start"] and settings["start"] < grow["grown"]["final_batch"] <= settings["cap"]
-    assert len(sizes) >= 3
-    assert grow["fixed"]["graphs"] == 1 and grow["grown"]["graphs"] >= 2 and grow["ratio_to_fixed"] > 0
 
-    runs = results["workers"]["runs"]
-    assert [r["world_size"] for r in runs] == [2, 1, 2, 2]
+
+@pytest.mark.multiprocess
+def test_the_tiny_growing_batch_and_workers_steps(tiny):
+    grow = tiny["results"]["growing-batch"]
+    assert grow["grown"]["final_batch"] > 2 and len(grow["grown"]["sizes"]) >= 2
+    assert grow["grown"]["compiled_is_used"] and grow["grown"]["graphs"] >= 2  # a new size, a new graph
+    assert grow["fixed"]["tokens_per_second"] > 0
+    runs = tiny["results"]["workers"]["runs"]
+    assert [(r["name"], r["world_size"]) for r in runs] == [("diloco, 2 workers", 2), ("diloco, 1 worker", 1),
+                                                             ("diloco_int4", 2)]  # fmt: skip
     assert all(r["tokens_per_second"] > 0 and r["tokens"] > 0 for r in runs)
-    for method in ("diloco", "adloco", "trainer"):
-        target = results[f"target-{method}-seed1"]
-        assert target["stopped_by_time_at"] is not None  # the time budget ended it, not the data
-        assert target["world_size"] == (1 if method == "trainer" else 2)
-        seconds = [p["seconds"] for p in target["evals"] if p["seconds"] is not None]
-        assert len(seconds) >= 2 and seconds == sorted(seconds)
+    assert runs[2]["comm_bytes"] < runs[0]["comm_bytes"]  # int4 sends fewer bytes than bf16
 
+
+@pytest.mark.multiprocess
+def test_the_tiny_benchmark_writes_its_tables(tiny):
+    doc, root = tiny["doc"], tiny["root"]
     text = doc.read_text()
     assert text.startswith("# GPU\n\nText before the generated section stays.\n")
     section = text.split(gpu_report.BEGIN)[1].split(gpu_report.END)[0]
     for title in (
         "(a) Throughput",
         "(b) Growing batch",
-        "(c) Time to target, seed 1",
+        "(c) `headline`: time to DiLoCo's final perplexity",
         "(d) 2 workers",
         "(e) Communication",
         "Targets",
+        "data ready",
     ):
         assert title in section, title
     for link in [part.split(")")[0] for part in section.split("](")[1:]]:
-        assert (tmp_path / link).exists(), link
-    assert (folder / "README.md").exists()
-    assert len(json.loads((folder / "runs.json").read_text())) == len(TINY_STEPS)
+        assert (root / link).exists(), link
 
-    # A second run finds every step done: it runs none and rewrites only the tables.
+
+@pytest.mark.multiprocess
+def test_a_later_run_runs_only_the_missing_step_in_its_own_process(tiny, tmp_path):
+    """On a copy of the tiny results: a later run skips the steps whose results exist and runs the missing one,
+    alone, in its own process (as every step runs on a GPU); the others' files stay as they were. Then `--table`
+    regenerates the section from the files alone."""
+    import shutil
+
+    folder, doc = tmp_path / "results" / "cpu-2026-01-01", tmp_path / "gpu.md"
+    shutil.copytree(tiny["folder"], folder)
+    doc.write_text("# GPU\n\nText before the generated section stays.\n")
     stamps = {step: (folder / f"{step}.json").stat().st_mtime_ns for step in TINY_STEPS}
+    os.remove(folder / f"{ISOLATED}.json")
+    argv = [*tiny["argv"], "--isolate"]
+    argv[argv.index("--results_dir") + 1], argv[argv.index("--doc") + 1] = str(folder), str(doc)
+    command = [sys.executable, "-m", "recipes.benchmarks.gpu_bench", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     second = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert f"{len(TINY_STEPS)} of {len(TINY_STEPS)} steps done" in second.stdout
-    assert {step: (folder / f"{step}.json").stat().st_mtime_ns for step in TINY_STEPS} == stamps
-    assert len(json.loads((folder / "runs.json").read_text())) == len(TINY_STEPS)
-    # A step whose results are missing runs again, alone, here in its own process (as every step does on a GPU).
-    os.remove(folder / "target-trainer-seed1.json")
-    third = subprocess.run([*command, "--isolate"], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
-    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
-    assert f"{len(TINY_STEPS) - 1} of {len(TINY_STEPS)} steps done" in third.stdout
-    assert (
-        "--- target-trainer-seed1: recipes" not in third.stdout
-        and "gpu_bench.workers --step target-trainer-seed1" in third.stdout
-    )
+    assert f"{len(TINY_STEPS) - 1} of {len(TINY_STEPS)} steps done" in second.stdout
+    module = next(s.module for s in gpu_bench.STEPS if s.name == ISOLATED)
+    assert f"--- {ISOLATED}: recipes" not in second.stdout and f"gpu_bench.{module} --step {ISOLATED}" in second.stdout
     runs = json.loads((folder / "runs.json").read_text())
-    assert [run["step"] for run in runs[len(TINY_STEPS) :]] == ["target-trainer-seed1"] and runs[-1]["done"]
-    assert {step: (folder / f"{step}.json").stat().st_mtime_ns for step in TINY_STEPS[:-1]} == {
-        step: stamps[step] for step in TINY_STEPS[:-1]
-    }
-    text = doc.read_text()  # the trainer's new run changed its numbers in the table
-    # --table regenerates the section from the files alone.
+    assert [run["step"] for run in runs[len(TINY_STEPS) :]] == [ISOLATED] and runs[-1]["done"]
+    assert all(run["bench_version"] == gpu_bench.BENCH_VERSION for run in runs)
+    others = [step for step in TINY_STEPS if step != ISOLATED]
+    assert {step: (folder / f"{step}.json").stat().st_mtime_ns for step in others} == {s: stamps[s] for s in others}
+    assert (folder / f"{ISOLATED}.json").stat().st_mtime_ns != stamps[ISOLATED]
+    text = doc.read_text()
+    section = text.split(gpu_report.BEGIN)[1].split(gpu_report.END)[0]
     doc.write_text(text.replace(section, "\nstale\n"))
-    table = [
-        sys.executable,
-        "-m",
-        "recipes.benchmarks.gpu_bench",
-        "--table",
-        "--results_dir",
-        str(folder),
-        "--doc",
-        str(doc),
-    ]
-    assert subprocess.run(table, capture_output=True, text=True, timeout=120, cwd=REPO).returncode == 0
+    assert "stale" in doc.read_text()
+    on_sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        assert gpu_bench.main(["--table", "--results_dir", str(folder), "--doc", str(doc)]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, on_sigterm)
     assert doc.read_text() == text
+
+
+def test_a_finished_throughput_run_is_freed_while_its_clock_is_still_read(tmp_path, monkeypatch):
+    """The H200's peak memory of 2026-11-27 held the previous run's weights and optimizer state (AdLoCo after the
+    Trainer: +24 bytes a parameter; the statistics run after AdLoCo: +36): the step clock that `train_once` returns,
+    which the step reads during the next run, kept its trainer alive. Now the run's model is freed at its end."""
+    import gc
+    import weakref
+
+    from recipes.benchmarks.gpu_bench import throughput
+    from recipes.benchmarks.gpu_bench.data import load_blocks
+
+    settings = throughput.settings_for("throughput-50m", True, str(tmp_path / "cache"))
+    tokenizer, lm, _ = load_blocks(settings)
+    models = []
+    build = throughput.make_model
+    monkeypatch.setattr(throughput, "make_model", lambda *a: models.append(build(*a)) or models[-1])
+    for variant in ("trainer", "adloco"):
+        clock, facts = throughput.train_once(settings, lm, tokenizer, variant=variant, compiled=False, steps=2,
+                                             batch=2, out=str(tmp_path / variant))  # fmt: skip
+        model = weakref.ref(models.pop())
+        gc.collect()
+        assert model() is None, variant
+        assert sorted(clock.end) == [1, 2] and facts["graphs"] == 0  # what the step reads afterwards is kept
