@@ -1,9 +1,7 @@
 """The workers' progress files read as they grow: where each attempt resumed from and every step's time."""
 
-import json
-import os
-
 from recipes.benchmarks.fault_soak.config import WORLD_SIZE
+from recipes.benchmarks.toolkit.rank_files import RankFiles
 
 
 __all__ = ["Progress", "thin_timeline"]
@@ -14,26 +12,17 @@ class Progress:
     `starts[attempt][rank]` = the step it resumed from; `steps[attempt][rank]` = [(step, time)]."""
 
     def __init__(self, probe: str, world_size: int = WORLD_SIZE):
-        self.probe, self.world_size, self.offsets = probe, world_size, {}
+        self.probe, self.world_size = probe, world_size
+        self.files = RankFiles(probe, "progress", world_size)
         self.starts: dict[int, dict[int, int]] = {}
         self.steps: dict[int, dict[int, list]] = {}
 
     def read(self) -> None:
-        for rank in range(self.world_size):
-            path = os.path.join(self.probe, f"progress-rank{rank}.jsonl")
-            if not os.path.exists(path):
-                continue
-            with open(path, encoding="utf-8") as f:
-                f.seek(self.offsets.get(path, 0))
-                while (line := f.readline()).endswith("\n"):  # a line still being written waits for the next read
-                    self.offsets[path] = f.tell()
-                    entry = json.loads(line)
-                    if "started_at_step" in entry:
-                        self.starts.setdefault(entry["attempt"], {})[rank] = entry["started_at_step"]
-                    else:
-                        self.steps.setdefault(entry["attempt"], {}).setdefault(rank, []).append(
-                            (entry["step"], entry["time"])
-                        )
+        for rank, entry in self.files.new_records():
+            if "started_at_step" in entry:
+                self.starts.setdefault(entry["attempt"], {})[rank] = entry["started_at_step"]
+            else:
+                self.steps.setdefault(entry["attempt"], {}).setdefault(rank, []).append((entry["step"], entry["time"]))
 
     def attempt(self) -> int:
         return max(self.starts, default=0)

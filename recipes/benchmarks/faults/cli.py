@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 from recipes.benchmarks.faults.scenarios import CONFIG, SCENARIOS, Bench, Outcome
 from recipes.benchmarks.toolkit.figures import pyplot, save_figure
+from recipes.benchmarks.toolkit.options import chosen_names
 from recipes.benchmarks.toolkit.results import table, write_json
 
 
@@ -38,10 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of {', '.join(SCENARIOS)}")
     parser.add_argument("--output_dir", default="outputs/faults")
     args = parser.parse_args(argv)
-    args.names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
-    unknown = [n for n in args.names if n not in SCENARIOS]
-    if unknown:
-        parser.error(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
+    args.names = chosen_names(parser, args.scenarios, SCENARIOS)
     return args
 
 

@@ -21,14 +21,13 @@ later stay.
     python -m recipes.benchmarks.gpu_bench.headline --step headline --results_dir DIR [--tiny]
 """
 
-import argparse
 import os
 import sys
 import time
 
-from recipes.benchmarks.gpu_bench.data import data_spec, plot_rows, timed_data
-from recipes.benchmarks.gpu_bench.device import device_info, write_step
-from recipes.benchmarks.gpu_bench.step_cli import step_parser, stop_on_sigterm
+from recipes.benchmarks.gpu_bench.data import data_spec, timed_data
+from recipes.benchmarks.gpu_bench.device import device_info
+from recipes.benchmarks.gpu_bench.step_cli import finish_step, step_entry
 from recipes.benchmarks.gpu_bench.workers import launch
 from recipes.benchmarks.toolkit.paths import REPO
 from recipes.benchmarks.toolkit.runs import prepare
@@ -121,19 +120,10 @@ def run(step: str, results_dir: str, cache_dir: str, tiny: bool) -> str:
     reach = time_to_target(runs)
     result = {"seed": seed, "initial_ppl": initial_ppl, "train_tokens": train_tokens, "budget_tokens": budget_tokens,
               "data_seconds": data_seconds, "runs": runs, "time_to_target": reach}  # fmt: skip
-    plot_rows(step, result, os.path.join(results_dir, f"{step}.png"))
-    settings.pop("cache_dir")
-    return write_step(results_dir, step, {"device": device_info(), "settings": settings, **result}, started)
+    return finish_step(step, results_dir, settings, result, started, device_info())
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    return step_parser(STEPS, DESCRIPTION).parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    stop_on_sigterm()
-    print(f"wrote {run(args.step, os.path.abspath(args.results_dir), os.path.abspath(args.cache_dir), args.tiny)}")
+parse_args, main = step_entry(run, STEPS, DESCRIPTION)
 
 
 if __name__ == "__main__":

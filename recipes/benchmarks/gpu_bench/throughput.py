@@ -32,9 +32,9 @@ import sys
 import time
 
 from adloco_hf.inspection import load_rounds
-from recipes.benchmarks.gpu_bench.data import load_blocks, plot_rows
-from recipes.benchmarks.gpu_bench.device import device_info, flops_per_token, mfu, write_step
-from recipes.benchmarks.gpu_bench.step_cli import step_parser, stop_on_sigterm
+from recipes.benchmarks.gpu_bench.data import load_blocks
+from recipes.benchmarks.gpu_bench.device import device_info, flops_per_token, mfu
+from recipes.benchmarks.gpu_bench.step_cli import finish_step, step_parser, stop_on_sigterm
 from recipes.benchmarks.toolkit.data import make_model
 from recipes.benchmarks.toolkit.paths import REPO
 from recipes.benchmarks.toolkit.stats import median_spread
@@ -301,8 +301,7 @@ def run(step: str, results_dir: str, cache_dir: str, tiny: bool, overrides: dict
     work = os.path.join(REPO, "outputs", "gpu_bench", "runs", step)
     measure = growing_batch if step == "growing-batch" else throughput
     result = {**measure(step, settings, tokenizer, lm, work, device["peak_bf16_flops"]), "data_seconds": data_seconds}
-    plot_rows(step, result, os.path.join(results_dir, f"{step}.png"))
-    return write_step(results_dir, step, {"device": device, "settings": settings, **result}, started)
+    return finish_step(step, results_dir, settings, result, started, device)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

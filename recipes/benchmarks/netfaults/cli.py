@@ -12,6 +12,7 @@ from recipes.benchmarks.netfaults.measure import round_figures, summary, work_lo
 from recipes.benchmarks.netfaults.report import check_targets, format_report, plot, write_doc
 from recipes.benchmarks.netfaults.scenarios import CONFIG, SCENARIO_NAMES, Scenario, scenarios
 from recipes.benchmarks.toolkit.machines import machine_info
+from recipes.benchmarks.toolkit.options import chosen_names
 from recipes.benchmarks.toolkit.paths import RESULTS
 from recipes.benchmarks.toolkit.results import read_json, write_json, write_report
 from recipes.benchmarks.toolkit.resumed_runs import merged_weights
@@ -61,10 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--doc", default=None, help="a page whose netfaults section gets the table (docs/faults.md)")
     parser.add_argument("--report_only", action="store_true", help="the table and files from the scenarios run so far")
     args = parser.parse_args(argv)
-    args.names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
-    unknown = [n for n in args.names if n not in SCENARIO_NAMES]
-    if unknown:
-        parser.error(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIO_NAMES)}")
+    args.names = chosen_names(parser, args.scenarios, SCENARIO_NAMES)
     return args
 
 

@@ -4,8 +4,7 @@
 `phases-rank{R}.jsonl` around every outer step (`"outer"`: the pseudo-gradient's all-reduce) and merge (`"merge"`).
 """
 
-import json
-import os
+from recipes.benchmarks.toolkit.rank_files import RankFiles
 
 
 __all__ = ["Phases"]
@@ -15,20 +14,13 @@ class Phases:
     """Every worker's phase events, read as they grow: `events` = [(time, rank, attempt, phase, edge, step)]."""
 
     def __init__(self, probe: str, world_size: int):
-        self.probe, self.world_size, self.offsets = probe, world_size, {}
+        self.probe, self.world_size = probe, world_size
+        self.files = RankFiles(probe, "phases", world_size)
         self.events: list[tuple[float, int, int, str, str, int]] = []
 
     def read(self) -> None:
-        for rank in range(self.world_size):
-            path = os.path.join(self.probe, f"phases-rank{rank}.jsonl")
-            if not os.path.exists(path):
-                continue
-            with open(path, encoding="utf-8") as f:
-                f.seek(self.offsets.get(path, 0))
-                while (line := f.readline()).endswith("\n"):  # a line still being written waits for the next read
-                    self.offsets[path] = f.tell()
-                    e = json.loads(line)
-                    self.events.append((e["time"], rank, e["attempt"], e["phase"], e["edge"], e["step"]))
+        for rank, e in self.files.new_records():
+            self.events.append((e["time"], rank, e["attempt"], e["phase"], e["edge"], e["step"]))
 
     def first_begin(self, phase: str, step: int, attempt: int) -> float | None:
         """When the first worker of `attempt` began `phase` at step `step` or later (None: none has yet)."""

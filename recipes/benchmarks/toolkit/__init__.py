@@ -22,5 +22,6 @@ Testbeds (root):
 - `testbed`: one network namespace per worker, links rate-limited by `tc tbf`; `machines`: a run's machines on it;
 - `cgroups`: a slow worker, in a cgroup with a CPU quota.
 
-Comparing runs: `resumed_runs`, what a resumed run must reproduce of an uninterrupted one.
+Comparing runs: `resumed_runs`, what a resumed run must reproduce of an uninterrupted one; `rank_files`: the
+workers' per-rank JSON-lines files (progress, phases), read as they grow.
 """

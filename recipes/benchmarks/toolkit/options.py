@@ -9,7 +9,7 @@ from recipes.benchmarks.toolkit.settings import check_matched
 from recipes.benchmarks.toolkit.testbed import parse_rate
 
 
-__all__ = ["parse_run_args"]
+__all__ = ["chosen_names", "parse_run_args"]
 
 
 def parse_run_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
@@ -141,3 +141,13 @@ def check_clock(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error(f"--link_efficiency must be in (0, 1], got {args.link_efficiency}")
         if len(budgets) not in (1, len(bandwidths)):
             parser.error(f"--budget_virtual_seconds: one value, or one per --bandwidth ({len(bandwidths)})")
+
+
+def chosen_names(parser: argparse.ArgumentParser, text: str, known) -> list[str]:
+    """The comma-separated names of `text` (`--scenarios a,b`), each one of `known`; an unknown one is a usage error
+    naming the choices."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        parser.error(f"unknown scenario(s) {unknown}; choose from {', '.join(known)}")
+    return names
