@@ -21,7 +21,13 @@ from ..worker.checkpoint_view import CheckpointView
 from ..worker.fsdp import load_full_state_dict
 
 
-__all__ = ["check_workers_for_instances", "load_checkpoint", "load_scheduler", "load_sharded_weights"]
+__all__ = [
+    "check_workers_for_instances",
+    "load_checkpoint",
+    "load_cpu_optimizer",
+    "load_scheduler",
+    "load_sharded_weights",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -93,3 +99,18 @@ def load_scheduler(lr_scheduler, checkpoint: str | None) -> None:
     """worker_parallelism="fsdp": the schedule only (the inner optimizer's shard is restored from rank-R.pt)."""
     if checkpoint is not None and os.path.isfile(os.path.join(checkpoint, "scheduler.pt")):
         lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, "scheduler.pt"), weights_only=True))
+
+
+def load_cpu_optimizer(trainer, checkpoint: str | None) -> bool:
+    """The inner optimizer's state and the schedule loaded on the CPU in a CPU world of several processes. The
+    Trainer of transformers before 5.23 maps them onto `args.device`, which such a world names "cpu:0", a location
+    `torch.load` cannot restore (a resume failed there). False where the Trainer's own loading applies."""
+    device = trainer.args.device
+    if checkpoint is None or device.type != "cpu" or device.index is None or trainer.is_deepspeed_enabled:
+        return False
+    optimizer = os.path.join(checkpoint, "optimizer.pt")
+    if not (os.path.isfile(optimizer) and os.path.isfile(os.path.join(checkpoint, "scheduler.pt"))):
+        return False
+    trainer.optimizer.load_state_dict(torch.load(optimizer, map_location="cpu", weights_only=True))
+    load_scheduler(trainer.lr_scheduler, checkpoint)
+    return True

@@ -33,7 +33,7 @@ from ..sampling.stream_sampler import AdaptiveStreamSampler
 from ..worker.core import Worker
 from ..worker.preemption import TrainingPreempted
 from .callback import AdLoCoCallback
-from .checkpoint_load import check_workers_for_instances, load_checkpoint, load_scheduler
+from .checkpoint_load import check_workers_for_instances, load_checkpoint, load_cpu_optimizer, load_scheduler
 from .inner_step import TrainerPasses, probe_step, worker_ddp
 from .loaders import epoch_of, train_loader
 from .merge_folders import reporting_parts, save_merge
@@ -284,9 +284,10 @@ class AdLoCoTrainer(Trainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         """worker_parallelism="fsdp": the schedule only (the inner optimizer's shard is restored from rank-R.pt)."""
-        if not self.worker.fsdp:
-            return super()._load_optimizer_and_scheduler(checkpoint)
-        load_scheduler(self.lr_scheduler, checkpoint)
+        if self.worker.fsdp:
+            return load_scheduler(self.lr_scheduler, checkpoint)
+        if not load_cpu_optimizer(self, checkpoint):  # older transformers map a CPU world's state to "cpu:0"
+            super()._load_optimizer_and_scheduler(checkpoint)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         """Load the weights as the Trainer does (with fsdp, each process's rows), then this worker's AdLoCo state,
