@@ -103,6 +103,7 @@ def headline_rows(result: dict) -> list[dict]:
         rows.append({"method": method, "final ppl": run["final_eval_ppl"], "training s": run["wall_seconds"],
                      "tokens": run["tokens"], "epochs": run.get("epochs"), "stopped by": run["stopped_by"],
                      "final batch": run["batch_sizes"][-1][1] if run.get("batch_sizes") else None,
+                     "final ppl / DiLoCo's": run["final_eval_ppl"] / reach["target_ppl"],
                      f"s to ppl {reach['target_ppl']:.1f}": entry["seconds"], "/ DiLoCo": entry["vs_reference"]})  # fmt: skip
     return rows
 
@@ -111,10 +112,12 @@ def targets(folder: str) -> list[dict]:
     """The issue's targets that this folder's results can judge: value, bound, holds."""
     out = []
 
-    def add(name: str, value: float | None, bound: float, at_least: bool) -> None:
+    def add(name: str, value: float | None, bound: float, at_least: bool, never: str | None = None) -> None:
+        """`never`: what a missing value means (a target never reached: a miss), None: nothing to judge."""
         holds = None if value is None else (value >= bound if at_least else value <= bound)
+        verdict = "holds" if holds else "MISSED" if holds is not None else never or "-"
         out.append({"target": name, "value": value, "bound": f"{'>=' if at_least else '<='} {bound:g}",
-                    "holds": "-" if holds is None else "holds" if holds else "MISSED"})  # fmt: skip
+                    "holds": verdict})  # fmt: skip
 
     ratios, best_mfu, data_seconds = [], None, []
     for size in ("50m", "300m"):
@@ -141,7 +144,7 @@ def targets(folder: str) -> list[dict]:
             for method, entry in result["time_to_target"]["methods"].items():
                 if method != result["time_to_target"]["reference"]:
                     add(f"(c) {step}: {method}'s seconds to DiLoCo's final ppl / DiLoCo's", entry["vs_reference"],
-                        0.8, False)  # fmt: skip
+                        0.8, False, never="MISSED (never reached)")  # fmt: skip
     workers = read_step(folder, "workers")
     if workers is not None:
         add(f"(d) {workers['runs'][0]['world_size']} workers / 1 worker tokens/s", workers["ratio"], 1.0, True)

@@ -97,6 +97,27 @@ def test_time_to_target_interpolates_each_method_to_diloco_s_final_perplexity():
     assert reach["methods"]["adloco_norm"]["vs_reference"] is None
 
 
+def test_the_h200_headline_results_judge_a_method_that_never_reached_the_target_a_miss():
+    """The committed H200 stays (docs/results/gpu/nvidia-h200-2026-11-27): a method that never reached DiLoCo's
+    final perplexity misses the target, the goodput rule's ratio is judged against 0.8, and every table's row
+    carries its final perplexity over DiLoCo's."""
+    folder = os.path.join(REPO, "docs", "results", "gpu", "nvidia-h200-2026-11-27")
+    checks = {c["target"]: c for c in gpu_report.targets(folder)}
+    for step in ("headline", "headline-seed2"):
+        result = json.load(open(os.path.join(folder, f"{step}.json"), encoding="utf-8"))
+        reach = result["time_to_target"]["methods"]
+        norm = checks[f"(c) {step}: adloco_norm's seconds to DiLoCo's final ppl / DiLoCo's"]
+        assert reach["adloco_norm"]["seconds"] is None and norm["holds"] == "MISSED (never reached)"
+        goodput = checks[f"(c) {step}: adloco_goodput's seconds to DiLoCo's final ppl / DiLoCo's"]
+        assert goodput["value"] == reach["adloco_goodput"]["vs_reference"]
+        assert goodput["holds"] == ("holds" if goodput["value"] <= 0.8 else "MISSED")
+        rows = {r["method"]: r for r in gpu_report.headline_rows(result)}
+        assert rows["diloco"]["final ppl / DiLoCo's"] == pytest.approx(1.0)
+        assert rows["adloco_goodput"]["final ppl / DiLoCo's"] == pytest.approx(
+            result["runs"]["adloco_goodput"]["final_eval_ppl"] / result["runs"]["diloco"]["final_eval_ppl"]
+        )
+
+
 def test_throughput_rows_compare_each_variant_at_its_best_data_setting():
     """Loader workers (issue 38, point 4): a variant's best row is its fastest data setting, `/ Trainer's best` is
     against the Trainer's fastest with the same compile setting, a refused run keeps its reason and no ratio, and
