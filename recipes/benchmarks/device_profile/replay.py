@@ -30,6 +30,7 @@ import json
 import os
 import statistics
 
+from recipes.benchmarks.toolkit.figures import pyplot, save_figure
 from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, control_seconds
 from recipes.benchmarks.toolkit.results import write_json
 from recipes.benchmarks.toolkit.virtual_clock import VirtualClock
@@ -224,11 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _plot(checks: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(checks), figsize=(5.5 * len(checks), 4), squeeze=False)
     for ax, (step, methods) in zip(axes[0], checks.items()):
         for method, s in methods.items():
@@ -238,9 +235,7 @@ def _plot(checks: dict, path: str) -> None:
                     label=f"{method} virtual")  # fmt: skip
         ax.set(title=f"{step}: seconds a round", xlabel="round", ylabel="seconds (virtual: simulated)")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

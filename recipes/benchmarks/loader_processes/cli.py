@@ -8,6 +8,8 @@ import statistics
 import tempfile
 import time
 
+from recipes.benchmarks.toolkit.figures import pyplot, save_figure
+
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -82,13 +84,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--loader_processes", type=int, default=2)
     parser.add_argument("--kinds", default="map,stream")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="The results JSON; the figure is written beside it (.png).")
+    parser.add_argument("--plot_only", action="store_true", help="Draw the figure of an existing --out, run nothing.")
     parser.add_argument("--cache_dir", default="outputs/cache")
     return parser.parse_args(argv)
 
 
+def plot(results: dict, path: str) -> str:
+    """Tokens/s of every repeat without and with the loader processes, per kind of data: each repeat a pair."""
+    plt = pyplot()
+    kinds = results["kinds"]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.6), squeeze=False)
+    n = results["loader_processes"]
+    for ax, (kind, r) in zip(axes[0], kinds.items()):
+        for without, with_ in zip(r["without"]["values"], r["with"]["values"]):
+            ax.plot([0, 1], [without, with_], "o-", color="tab:gray", alpha=0.6)
+        ax.plot([0, 1], [r["without"]["median"], r["with"]["median"]], "s-", color="tab:blue", lw=2, label="median")
+        ax.set(xticks=[0, 1], xticklabels=["0 loader processes", f"{n} loader processes"], xlim=(-0.3, 1.3),
+               ylabel="tokens/s", title=f"{kind}: with / without {r['ratio']['median']:.3f} (median)")  # fmt: skip
+        ax.legend(fontsize=8)
+    fig.suptitle(f"DataLoader processes, {results['machine']['cpus']} CPUs, {results['repeats']} repeats", fontsize=10)
+    return save_figure(fig, path)
+
+
 def main(argv: list[str] | None = None) -> None:
     options = parse_args(argv)
+    figure = os.path.splitext(options.out)[0] + ".png"
+    if options.plot_only:
+        with open(options.out, encoding="utf-8") as f:
+            print(plot(json.load(f), figure))
+        return
     settings = {"steps": 60, "inner_steps": 10, "batch": 16, "block": 128, "hidden": 64, "prefetch_factor": 2}
     texts, tokenizer, train = corpus(options.cache_dir, settings["block"])
     results = {"settings": settings, "loader_processes": options.loader_processes, "repeats": options.repeats,
@@ -115,3 +140,4 @@ def main(argv: list[str] | None = None) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(options.out)), exist_ok=True)
     with open(options.out, "w") as f:
         json.dump(results, f, indent=1)
+    print(plot(results, figure))
