@@ -103,6 +103,8 @@ class ControllerRules:
     target: str = "test"
     noise_scale_multiple: float = 1.0
     goodput_hysteresis: float = 0.05  # batch_size_target="goodput" (`batch/goodput.py`)
+    # batch_size_target="goodput" without batch_size_cap: the rule bounds its own search (`request_bound`).
+    derived_cap: bool = False
 
     @property
     def is_paper(self) -> bool:

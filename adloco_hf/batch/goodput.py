@@ -97,6 +97,30 @@ class GoodputModel:
                 found.add(min(max(r, lo), hi))
         return found
 
+    def request_bound(self, low: int, current: int) -> int:
+        """A per-worker request above which none can beat the best of [low, ...], without a configured cap.
+
+        No request trains more than X_max = M G / β samples a second (β: a sample's seconds in a pass; every other
+        cost only lowers it), and a request r that accumulates is worth E(r) = (B_noise + M b₀) / (B_noise + M r).
+        So once X_max E(r) <= g₀, the goodput of a request at hand (`low`, `current`, the largest that runs
+        without accumulating), no r beyond can win: the bound is that r, rounded up to a multiple of G, and at
+        least `current` (a request is never moved for lying above a bound it did not set) and `low`. Without a
+        positive β (no per-sample cost measured yet), the largest request that runs as one pass: γ m, as G × it.
+        """
+        g, m = self.processes, self.switch.max_batch_size
+        no_accumulation = g * math.floor(self.switch.switch_threshold * m)
+        floor = max(low, current)
+        if not self.times.per_sample > 0:
+            return max(floor, no_accumulation)
+        at_hand = [r for r in (low, current, max(low, g * m)) if r >= low]
+        best = max(self.goodput(r) for r in at_hand)
+        if not (math.isfinite(best) and best > 0):
+            return max(floor, no_accumulation)
+        x_max = self.workers * g / self.times.per_sample
+        beyond = ((self.noise_scale + self.workers * self.reference) * x_max / best - self.noise_scale) / self.workers
+        bound = max(floor, no_accumulation + g, math.ceil(beyond))
+        return g * -(-bound // g)
+
     def best_request(self, low: int, high: int) -> int:
         """The per-worker request in [low, high] (multiples of G) of the highest goodput; the smallest on a tie."""
         g = self.processes

@@ -165,12 +165,15 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
         batch_size_target (`str`, *optional*, defaults to `"test"`):
             `"test"`: the request is the norm test's; `"noise_scale"`: `noise_scale_multiple` × the estimated
             noise scale tr Σ / ‖∇F‖² (the norm test's own fixed point is (1 − η²) / η² of it, 0.56 at η = 0.8);
-            `"goodput"`: the request in [`batch_size_floor`, `batch_size_cap`] of the highest goodput, throughput ×
+            `"goodput"`: the request from `batch_size_floor` up of the highest goodput, throughput ×
             statistical efficiency (Pollux): the throughput from the step times the run measures (switch mode's
             passes included) with the round's outer step spread over its inner steps, the efficiency
             (B_noise + M b₀) / (B_noise + M b) of the instance's M workers from the smoothed noise scale
             (`batch/goodput.py`). Requests may fall
-            as well as grow; needs `batch_size_cap` and a `batch_size_test` that measures (not `"none"`).
+            as well as grow; needs a `batch_size_test` that measures (not `"none"`). `batch_size_cap` bounds the
+            choice where set; without it the rule bounds its own search where no larger request can win: past it
+            even a step with no fixed costs could not make up for the samples' lower worth
+            (`GoodputModel.request_bound`).
         noise_scale_multiple (`float`, *optional*, defaults to `1.0`):
             See `batch_size_target`.
         goodput_hysteresis (`float`, *optional*, defaults to `0.05`):

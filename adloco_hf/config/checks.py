@@ -165,11 +165,6 @@ def check_goodput(config: TrainingArguments) -> None:
             "batch_size_target='goodput' weighs each request by the noise scale that the gradient statistics "
             "measure, which batch_size_test='none' turns off; set batch_size_test='norm'."
         )
-    if config.batch_size_cap is None:
-        raise ValueError(
-            "batch_size_target='goodput' chooses the request in [batch_size_floor, batch_size_cap]; set "
-            "batch_size_cap (the largest per-worker request it may choose, e.g. 16 × per_device_train_batch_size)."
-        )
 
 
 def check_inner_steps_rule(config: TrainingArguments) -> None:

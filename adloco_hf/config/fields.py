@@ -144,8 +144,8 @@ class BatchFields:
     batch_size_cap: int | None = field(
         default=None,
         metadata={
-            "help": "Upper bound on the per-worker request (set it; above switch_threshold × max_batch_size for "
-            "switch mode to accumulate)."
+            "help": "Upper bound on the per-worker request (set it for the norm test; above switch_threshold × "
+            "max_batch_size for switch mode to accumulate). The goodput rule bounds itself without it."
         },
     )
     batch_size_smoothing: float = field(

@@ -90,6 +90,41 @@ def test_the_maximisation_equals_trying_every_request(seed):
     assert gm.best_request(low, high) == brute_force(gm, low, high)
 
 
+@pytest.mark.parametrize("seed", range(200))
+def test_the_rules_own_bound_never_cuts_off_the_best_request(seed):
+    """Without `batch_size_cap` the rule searches [low, `request_bound`]: the best request there is the best of
+    every request up to far beyond it (brute force to 4 × the bound), whatever the costs, noise scale and
+    switch mode; the bound holds the current request and is a multiple of G."""
+    rng = random.Random(1000 + seed)
+    times = (
+        rng.choice([0.0, rng.uniform(0, 0.05)]),
+        rng.choice([0.0, rng.uniform(0, 0.1)]),
+        rng.choice([rng.uniform(1e-4, 0.02), rng.uniform(1e-3, 0.05)]),
+        rng.choice([0.0, rng.uniform(0, 5.0), rng.uniform(0, 50.0)]),
+    )
+    g = rng.choice([1, 1, 2, 4])
+    gm = GoodputModel(
+        StepTimeModel(*times),
+        noise_scale=rng.choice([0.5, rng.uniform(1, 50), rng.uniform(50, 2000)]),
+        inner_steps=rng.choice([1, 5, 25, 200]),
+        workers=rng.randint(1, 8),
+        processes=g,
+        switch=SwitchMode(rng.randint(1, 24), rng.choice([1.0, 1.5, 2.0, 3.7])),
+        reference=g * rng.randint(1, 8),
+    )
+    low = g * rng.randint(1, 6)
+    current = low + g * rng.randint(0, 40)
+    bound = gm.request_bound(low, current)
+    assert bound % g == 0 and bound >= current >= low
+    assert gm.best_request(low, bound) == brute_force(gm, low, 4 * bound)
+
+
+def test_without_a_measured_per_sample_cost_the_bound_is_the_largest_request_of_one_pass():
+    gm = model((0.01, 0.02, 0.0, 1.0), m=8, gamma=2.0, g=2)
+    assert gm.request_bound(2, current=4) == 2 * 16  # γ m = 16 per process, G = 2
+    assert gm.request_bound(2, current=40) == 40  # never below the current request
+
+
 def test_a_request_outside_the_multiples_of_g_is_refused():
     with pytest.raises(ValueError, match="multiple of 4"):
         model(g=4).best_request(5, 7)

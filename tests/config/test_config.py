@@ -71,7 +71,6 @@ def test_defaults_are_valid_and_decouple_the_workers(tmp_path):
         (dict(load_best_model_at_end=True, eval_strategy="steps", eval_steps=20), "load_best_model_at_end"),
         (dict(goodput_hysteresis=1.0), "goodput_hysteresis"),
         (dict(goodput_hysteresis=-0.1), "goodput_hysteresis"),
-        (dict(batch_size_target="goodput"), "batch_size_cap"),
         (dict(batch_size_target="goodput", batch_size_cap=64, batch_size_test="none"), "batch_size_test"),
     ],
 )

@@ -43,8 +43,9 @@ GOODPUT = dict(
 MEASURED_KEYS = ("goodput", "goodput_kept", "step_model", "noise_scale")
 
 
-def check_decisions(rounds: list[dict], *, processes: int = 1, initial: int = 2) -> None:
-    """Every logged choice is the pure rule's on the logged step model and noise scale."""
+def check_decisions(rounds: list[dict], *, processes: int = 1, initial: int = 2, cap: int | None = 16) -> None:
+    """Every logged choice is the pure rule's on the logged step model and noise scale; with `cap=None` (no
+    `batch_size_cap`) in [initial, the rule's own bound]."""
     for line in rounds:
         if "goodput" not in line:
             assert line["next_batch_size"] == line["batch_size"]
@@ -58,15 +59,17 @@ def check_decisions(rounds: list[dict], *, processes: int = 1, initial: int = 2)
             switch=SwitchMode(4, 2.0),
             reference=initial,
         )
-        choice = choose_request(model, current=line["batch_size"], low=initial, high=16, hysteresis=0.05)
+        high = cap if cap is not None else model.request_bound(initial, current=line["batch_size"])
+        choice = choose_request(model, current=line["batch_size"], low=initial, high=high, hysteresis=0.05)
         asked = line.get("asked_batch_size", line["next_batch_size"])  # a merge may have planned another
         assert (choice.request, choice.goodput, choice.kept) == pytest.approx(
             (asked, line["goodput"], line["goodput_kept"])
         ), line
 
 
-def train(output_dir, *, resume=None, max_steps=30):
-    args = tiny_run_config(output_dir, max_steps=max_steps, save_strategy="steps", save_steps=10, **GOODPUT)
+def train(output_dir, *, resume=None, max_steps=30, **more):
+    settings = {**GOODPUT, **more}
+    args = tiny_run_config(output_dir, max_steps=max_steps, save_strategy="steps", save_steps=10, **settings)
     trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(256))
     StepClock(**CLOCK).install(trainer)
     trainer.train(resume_from_checkpoint=resume)
@@ -182,3 +185,14 @@ def test_a_streamed_run_with_merges_stopped_and_resumed_takes_the_uninterrupted_
     assert any("goodput" in line and line["next_batch_size"] != line["batch_size"] for line in full)
     gap = (merged_params(str(tmp_path / "part")) - merged_params(str(tmp_path / "full"))).abs().max().item()
     assert gap <= 1e-6
+
+
+def test_without_batch_size_cap_the_rule_bounds_its_own_search(tmp_path):
+    """`batch_size_target="goodput"` with no `batch_size_cap` trains (it was refused before): every choice is the
+    pure rule's over [the initial request, `request_bound`], which, beyond 16, lets it choose what the capped run
+    could not."""
+    trainer, rounds = train(tmp_path / "free", batch_size_cap=None, max_steps=40)
+    assert trainer.args.batch_size_cap is None and len(rounds) == 8
+    check_decisions(rounds, cap=None)
+    assert any("goodput" in line for line in rounds)
+    assert max(line["next_batch_size"] for line in rounds) > GOODPUT["batch_size_cap"]
