@@ -39,6 +39,7 @@ from recipes.benchmarks.toolkit.virtual_clock import VirtualClock
 __all__ = ["fit", "load_run", "main", "measured_rounds", "replay"]
 
 LATENCY = 1e-4
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # a worker's pseudo-gradient, per parameter
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -53,8 +54,9 @@ def load_run(folder: str) -> dict:
         for line in f:
             row = json.loads(line)
             rounds.setdefault(row["outer_step"], []).append(row)
-    return {"result": result, "inner_steps": spec["train"]["inner_steps"], "rounds": rounds,
-            "parameters": result["parameters"], "world": result["world_size"]}  # fmt: skip
+    dtype = spec.get("adloco", {}).get("pseudo_grad_dtype", "float32")
+    return {"result": result, "inner_steps": spec["train"]["inner_steps"], "rounds": rounds, "world":
+            result["world_size"], "payload": DTYPE_BYTES[dtype] * result["parameters"]}  # fmt: skip
 
 
 def measured_rounds(run: dict) -> dict[int, dict[int, tuple[float, float]]]:
@@ -75,8 +77,9 @@ def _chunks(row: dict, share: int) -> list[int]:
 
 
 def _ring_bytes(row: dict, payload: float) -> float:
-    """What the instance's ring all-reduce adds to the row's bytes: (M − 1) payloads (`comm_bytes`' convention)."""
-    return (len(row["workers"]) - 1) * payload
+    """What the instance's ring all-reduce adds to the row's bytes: 2 (M − 1) payloads, all workers together
+    (`outer/step.py: ring_all_reduce_bytes`, `comm_bytes`' convention)."""
+    return 2 * (len(row["workers"]) - 1) * payload
 
 
 def _merge_bytes(row: dict, payload: float) -> float:
@@ -87,7 +90,7 @@ def fit(runs: list[dict]) -> tuple[DeviceProfile, Link, dict]:
     """The profile and the link that the `runs` (one step's methods) measured (module docstring)."""
     passes, steps_s, local, ring = [], [], [], []
     for run in runs:
-        payload = 4.0 * run["parameters"]
+        payload = run["payload"]
         for r, workers in measured_rounds(run).items():
             for row in run["rounds"].get(r, []):
                 shares = row.get("worker_batch_sizes") or [row["batch_size"]] * len(row["workers"])
@@ -133,7 +136,7 @@ def fit(runs: list[dict]) -> tuple[DeviceProfile, Link, dict]:
 
 def replay(run: dict, profile: DeviceProfile, link: Link) -> list[dict]:
     """Every measured round of `run` priced by a `VirtualClock` per worker, against its measured seconds."""
-    payload = 4.0 * run["parameters"]
+    payload = run["payload"]
     out = []
     for r, workers in sorted(measured_rounds(run).items()):
         clocks = {w: VirtualClock(profile, [link], world=run["world"], statistics=False) for w in workers}

@@ -15,9 +15,10 @@ H200_RESULTS = os.path.join(REPO, "docs", "results", "gpu", "nvidia-h200-2026-11
 ALPHA, BETA, OUTER, BITS, H, PARAMETERS = 0.030, 0.004, 0.2, 20e9, 5, 1_000_000
 
 
-def synthetic_run(instances: list[list[int]], batches: list[int], rounds: int) -> dict:
+def synthetic_run(instances: list[list[int]], batches: list[int], rounds: int, merge: tuple[int, float] | None = None):
     """A launch of 4 workers whose seconds follow the clock's model exactly: passes α + β b, the round end's local
-    work, the ring all-reduce of the float32 payload on a link of BITS; every worker waits for the slowest."""
+    work, the ring all-reduce of the float32 payload on a link of BITS, in round `merge[0]` instance 0's transfer
+    of `merge[1]` bytes; every worker waits for the slowest."""
     link, payload = Link(BITS, replay.LATENCY), 4.0 * PARAMETERS
     marks: dict[int, list] = {w: [] for w in range(4)}  # one mark at each round's end
     rows: dict[int, list[dict]] = {}
@@ -27,18 +28,20 @@ def synthetic_run(instances: list[list[int]], batches: list[int], rounds: int) -
             m = len(workers)
             rows.setdefault(r, []).append({"outer_step": r, "instance": i, "workers": workers, "batch_size": b,
                                            "worker_batch_sizes": [b] * m, "accumulation_steps": 1,
-                                           "comm_bytes": (m - 1) * payload, "merge_seconds": 0.0})  # fmt: skip
+                                           "comm_bytes": 2 * (m - 1) * payload, "merge_seconds": 0.0})  # fmt: skip
+            sent = merge[1] if merge is not None and merge[0] == r and i == 0 else 0.0
+            if sent:
+                rows[r][-1].update(merge_seconds=1.0, comm_bytes=rows[r][-1]["comm_bytes"] + sent)
+            transfer = link.latency_seconds + link.seconds(sent) if sent else 0.0
             for w in workers:
-                inner[w] = (
-                    H * (ALPHA + BETA * b),
-                    OUTER + ring_all_reduce_seconds(payload, m, link) + control_seconds(4, link),
-                )
+                rest = OUTER + ring_all_reduce_seconds(payload, m, link) + control_seconds(4, link) + transfer
+                inner[w] = (H * (ALPHA + BETA * b), rest)
         end = max(a + e for a, e in inner.values())
         for w, (a, _) in inner.items():
             last = marks[w][-1] if marks[w] else [0, 0.0, 0.0, 0.0]
             marks[w].append([r * H, last[1] + end, 0.0, last[3] + a])
     return {"result": {"round_marks_per_rank": [marks[w] for w in range(4)]}, "inner_steps": H, "rounds": rows,
-            "parameters": PARAMETERS, "world": 4}  # fmt: skip
+            "payload": payload, "world": 4}  # fmt: skip
 
 
 def test_the_fit_recovers_the_model_that_made_the_runs_and_the_replay_prices_them_exactly():
@@ -50,7 +53,8 @@ def test_the_fit_recovers_the_model_that_made_the_runs_and_the_replay_prices_the
     assert fitted["outer_seconds"] == pytest.approx(OUTER, rel=1e-6)
     assert link.bandwidth_bits_per_second == pytest.approx(BITS, rel=1e-6)
     assert fitted["samples"] == {"steps": 24, "local_rounds": 3, "all_reduces": 3}  # rounds 2 to 4
-    for run in (diloco, alone, synthetic_run([[0, 1], [2], [3]], [12, 24, 4], rounds=3)):
+    merged = synthetic_run([[0, 1], [2], [3]], [12, 24, 4], rounds=3, merge=(3, 3e8))
+    for run in (diloco, alone, merged):
         rounds = replay.replay(run, profile, link)
         assert [r["round"] for r in rounds] == list(range(2, len(run["rounds"]) + 1))
         for r in rounds:
