@@ -16,6 +16,12 @@ Limit: the restart count is each launcher agent's own. On several nodes under `-
 workers were healthy restarts them for a re-joining node without counting, and the nodes would use different
 prefixes: there, set `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` on every node (torch's own opt-out: each attempt's rank 0
 then hosts a fresh store, `TORCHELASTIC_USE_AGENT_STORE` is False and this module stands aside). We warn.
+
+A CPU world without a shared store (that opt-out, or a scheduler that sets the env:// variables itself) is formed
+here too, as accelerate would form it (env://), for one reason: transformers leaves the timeout out of a CPU world's
+accelerator state (`TrainingArguments._setup_devices` passes `ddp_timeout` only on an accelerator), so torch's
+default, 30 minutes, bounded forming the group and every collective on it, whatever `ddp_timeout` said: a machine
+whose link died was waited for half an hour, and one that dialled the wrong address hung silently as long.
 """
 
 import datetime
@@ -36,13 +42,16 @@ def attempt_store_prefix() -> str:
     return f"adloco/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
-def form_world_for_this_attempt(*, backend: str, timeout: datetime.timedelta) -> bool:
+def form_world_for_this_attempt(*, backend: str, timeout: datetime.timedelta, cpu: bool = False) -> bool:
     """Form the default process group on this attempt's own namespace of the launcher's store, when the launcher
-    shares its store with the workers and none is formed yet; True when it did. Elsewhere (no launcher, one process,
-    a store of the workers' own) it leaves the group to accelerate and returns False."""
+    shares its store with the workers and none is formed yet; with `cpu`, a gloo world on a store of the workers' own
+    too, with `timeout` (module docstring). True when it formed one. Elsewhere (no launcher, one process, an
+    accelerator's world on a store of its own) it leaves the group to accelerate and returns False."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if dist.is_initialized() or world_size <= 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if dist.is_initialized() or world_size <= 1:
         return False
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return cpu and backend == "gloo" and _form_env_world(backend, timeout)
     if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1 and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")):
         if os.environ.get("RANK") == "0":
             logger.warning(
@@ -62,4 +71,13 @@ def form_world_for_this_attempt(*, backend: str, timeout: datetime.timedelta) ->
         world_size=world_size,
         timeout=timeout,
     )
+    return True
+
+
+def _form_env_world(backend: str, timeout: datetime.timedelta) -> bool:
+    """The default group formed from the env:// variables with `timeout`, where they are all set (elsewhere accelerate
+    works the rank out from MPI's variables: it is left to it)."""
+    if not all(os.environ.get(name) for name in ("RANK", "MASTER_ADDR", "MASTER_PORT")):
+        return False
+    dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
     return True

@@ -311,14 +311,16 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
     def _form_world_for_this_attempt(self) -> None:
         """Under an elastic launcher that shares its store (torchrun, `accelerate launch --max_restarts`), form the
         default group on this restart attempt's own namespace of the store, before accelerate forms it on the shared
-        one where a restarted run reads the dead attempt's addresses (`common/restart.py`). The backend is the one
-        accelerate would pick; on an accelerator other than CUDA, accelerate forms the group as before."""
+        one where a restarted run reads the dead attempt's addresses (`common/restart.py`); and a CPU world on a store
+        of its own, with `ddp_timeout`, which transformers leaves out there. The backend is the one accelerate would
+        pick; on an accelerator other than CUDA, accelerate forms the group as before."""
         cpu = self.use_cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
         backend = self.ddp_backend or ("gloo" if cpu or not has_distributed_accelerator() else None)
         if backend is None and torch.cuda.is_available():
             backend = "nccl"
         if backend is not None:
-            form_world_for_this_attempt(backend=backend, timeout=datetime.timedelta(seconds=self.ddp_timeout))
+            timeout = datetime.timedelta(seconds=self.ddp_timeout)
+            form_world_for_this_attempt(backend=backend, timeout=timeout, cpu=cpu)
 
     @property
     def adloco_settings(self) -> dict:

@@ -1,12 +1,14 @@
 """Launching on a machine without a GPU: `accelerate launch --multi_gpu` forms one gloo group even when the user's
-script leaves `use_cpu` unset, and a launch of one process asked for more instances says how to launch CPU workers."""
+script leaves `use_cpu` unset, torchrun on a store of the workers' own forms it with `ddp_timeout`, and a launch of
+one process asked for more instances says how to launch CPU workers."""
 
 import json
 import os
+import sys
 
 import pytest
 import torch
-from helpers import SCRIPTS, launch, sequence_dataset, tiny_model
+from helpers import SCRIPTS, launch, run_launch, sequence_dataset, tiny_model
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.config import compat
@@ -22,6 +24,22 @@ def test_multi_gpu_launch_without_use_cpu_forms_one_gloo_group(tmp_path):
     assert all(s["device"].startswith("cpu") for s in seen), seen
     output = result.stdout + result.stderr
     assert output.count("AdLoCoConfig sets use_cpu=True") == 1, output  # told once, by the first worker
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU launch path: without a GPU")
+def test_a_cpu_world_on_a_store_of_its_own_is_bounded_by_ddp_timeout(tmp_path):
+    # torchrun c10d with each attempt its own store (docs/resuming.md, several machines): the launcher shares no
+    # store, accelerate forms the group, and transformers gives a CPU world no timeout: torch's 30 minutes bounded
+    # every collective on it (a dead link was waited for half an hour, whatever ddp_timeout said).
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", "127.0.0.1:0", "--max-restarts", "1",
+        os.path.join(SCRIPTS, "config_world_size.py"), "2", str(tmp_path), "--ddp_timeout", "45",
+    ]  # fmt: skip
+    run_launch(command, timeout=240, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, warm=False)
+    seen = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(2)]
+    assert [(s["world_size"], s["backend"], s["timeout_seconds"]) for s in seen] == [(2, "gloo", 45.0)] * 2, seen
 
 
 @pytest.mark.multiprocess

@@ -20,7 +20,16 @@ from recipes.benchmarks.toolkit.paths import OFFLINE, REPO
 from recipes.benchmarks.toolkit.testbed import LinkPlan, kill_namespace_processes
 
 
-__all__ = ["MAX_RESTARTS", "POLL_SECONDS", "WORKER", "LogLines", "Machines", "machine_command", "torchrun_command"]
+__all__ = [
+    "MAX_RESTARTS",
+    "POLL_SECONDS",
+    "WORKER",
+    "LogLines",
+    "Machines",
+    "machine_command",
+    "machine_env",
+    "torchrun_command",
+]
 
 WORKER = os.path.join(REPO, "tests", "scripts", "adloco_worker.py")
 MAX_RESTARTS = 3
@@ -31,18 +40,25 @@ LAST_CALL_SECONDS = 20
 JOIN_SECONDS = 240
 
 
-def torchrun_command(plan: LinkPlan, k: int, spec_json: str, port: int, run_id: str, max_restarts: int) -> list[str]:
-    """Machine K's `torchrun` of an elastic run: at least `plan.workers - 1` machines, at most `plan.workers`. Machine 0
-    hosts the rendezvous store (`is_host`: torchrun would look for the endpoint's address among the host names,
-    which in a namespace resolve to the loopback, and no machine would host it)."""
+def torchrun_command(
+    plan: LinkPlan, k: int, spec_json: str, port: int, run_id: str, max_restarts: int, script: str = WORKER
+) -> list[str]:
+    """Machine K's `torchrun` of an elastic run: at least `plan.workers - 1` machines, at most `plan.workers`.
+
+    In a namespace the host name resolves to the loopback (`socket.getfqdn()` is `localhost`), which torchrun uses
+    twice unless told otherwise: machine 0 hosts the rendezvous store (`is_host`: torchrun would look for the
+    endpoint's address among the host names, and no machine would host it), and every machine gives its link's
+    address (`--local-addr`): the rendezvous' rank 0 publishes its own as the workers' `MASTER_ADDR`, where each
+    attempt's store is (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`); `localhost` there left every worker dialling its own
+    loopback, and the run hung before its first step."""
     conf = f"join_timeout={JOIN_SECONDS},last_call_timeout={LAST_CALL_SECONDS},is_host={str(k == 0).lower()}"
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", f"{plan.workers - 1}:{plan.workers}", "--nproc-per-node", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{plan.address(0)}:{port}", "--rdzv-id", run_id,
-        "--rdzv-conf", conf,
+        "--rdzv-conf", conf, "--local-addr", plan.address(k),
         "--max-restarts", str(max_restarts), "--monitor-interval", "1",
-        WORKER, spec_json,
+        script, spec_json,
     ]  # fmt: skip
 
 
@@ -58,6 +74,15 @@ def machine_command(
             main_process_ip=plan.address(0), main_process_port=port, max_restarts=max_restarts,
         )  # fmt: skip
     return ["ip", "netns", "exec", plan.namespace(k), *inner]
+
+
+def machine_env(plan: LinkPlan, k: int, launcher: str) -> dict[str, str]:
+    """Machine K's environment: offline, gloo on its link, and under torchrun each attempt its own store
+    (docs/resuming.md, several machines under c10d)."""
+    env = {**OFFLINE, "GLOO_SOCKET_IFNAME": plan.veth(k)}
+    if launcher == "torchrun":
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return env
 
 
 class LogLines:
@@ -99,9 +124,7 @@ class Machines:
         self.threads = []
         for k in range(plan.workers):
             command = machine_command(plan, k, launcher, spec_json, port, run_id)
-            env = {**OFFLINE, "GLOO_SOCKET_IFNAME": plan.veth(k)}
-            if launcher == "torchrun":  # each attempt its own store (docs/resuming.md, several machines under c10d)
-                env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+            env = machine_env(plan, k, launcher)
             thread = threading.Thread(target=self._run, args=(k, command, env, timeout), daemon=True)
             thread.start()
             self.threads.append(thread)

@@ -147,6 +147,9 @@ def _scenarios(worker_timeout: float) -> list[Scenario]:
             (Action("cut", (3,), When("step", 45)),),
             launcher="torchrun",
             expect="elastic",
+            # the cut machine's launcher gives up by itself only after torchrun's join_timeout (launch.JOIN_SECONDS)
+            # past its worker's own timeout: the fault at about 100 s, + 30 s, + 240 s, + the rendezvous' reads
+            deadline=600.0,
         ),
         Scenario(
             "flapping",

@@ -209,6 +209,9 @@ def test_machine_0_hosts_the_torchrun_rendezvous_and_every_machine_runs_in_its_n
     assert first[:4] == ["ip", "netns", "exec", "adnf-w0"] and other[3] == "adnf-w2"
     assert "is_host=true" in first[first.index("--rdzv-conf") + 1]
     assert "is_host=false" in other[other.index("--rdzv-conf") + 1]
+    # each machine's own address, not its host name (the loopback in a namespace), for the workers' MASTER_ADDR
+    assert first[first.index("--local-addr") + 1] == "10.213.89.10"
+    assert other[other.index("--local-addr") + 1] == "10.213.89.12"
     assert (
         other[other.index("--nnodes") + 1] == "3:4"
         and other[other.index("--rdzv-endpoint") + 1] == "10.213.89.10:29500"
