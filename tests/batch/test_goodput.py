@@ -64,17 +64,16 @@ def test_the_efficiency_is_that_of_the_instances_step_batch():
     assert four.efficiency(2) == 1.0 and four.efficiency(8) < model(workers=1, m=64, ref=2).efficiency(8)
 
 
-@pytest.mark.parametrize("seed", range(300))
-def test_the_maximisation_equals_trying_every_request(seed):
-    rng = random.Random(seed)
+def random_model(rng: random.Random, per_sample) -> GoodputModel:
+    """A goodput model of random costs, noise scale, H, M, G and switch mode; β is one of `per_sample(rng)`."""
     times = (
         rng.choice([0.0, rng.uniform(0, 0.05)]),
         rng.choice([0.0, rng.uniform(0, 0.1)]),
-        rng.choice([0.0, rng.uniform(1e-4, 0.02)]),
+        rng.choice(per_sample(rng)),
         rng.choice([0.0, rng.uniform(0, 5.0), rng.uniform(0, 50.0)]),
     )
     g = rng.choice([1, 1, 2, 4])
-    gm = GoodputModel(
+    return GoodputModel(
         StepTimeModel(*times),
         noise_scale=rng.choice([0.5, rng.uniform(1, 50), rng.uniform(50, 2000)]),
         inner_steps=rng.choice([1, 5, 25, 200]),
@@ -83,6 +82,13 @@ def test_the_maximisation_equals_trying_every_request(seed):
         switch=SwitchMode(rng.randint(1, 24), rng.choice([1.0, 1.5, 2.0, 3.7])),
         reference=g * rng.randint(1, 8),
     )
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_maximisation_equals_trying_every_request(seed):
+    rng = random.Random(seed)
+    gm = random_model(rng, lambda rng: [0.0, rng.uniform(1e-4, 0.02)])
+    g, times = gm.processes, gm.times.as_list()
     low = g * rng.randint(1, 6)
     high = low + g * rng.randint(0, 60)
     if sum(times[1:3]) + times[0] + times[3] == 0:
@@ -96,22 +102,8 @@ def test_the_rules_own_bound_never_cuts_off_the_best_request(seed):
     every request up to far beyond it (brute force to 4 × the bound), whatever the costs, noise scale and
     switch mode; the bound holds the current request and is a multiple of G."""
     rng = random.Random(1000 + seed)
-    times = (
-        rng.choice([0.0, rng.uniform(0, 0.05)]),
-        rng.choice([0.0, rng.uniform(0, 0.1)]),
-        rng.choice([rng.uniform(1e-4, 0.02), rng.uniform(1e-3, 0.05)]),
-        rng.choice([0.0, rng.uniform(0, 5.0), rng.uniform(0, 50.0)]),
-    )
-    g = rng.choice([1, 1, 2, 4])
-    gm = GoodputModel(
-        StepTimeModel(*times),
-        noise_scale=rng.choice([0.5, rng.uniform(1, 50), rng.uniform(50, 2000)]),
-        inner_steps=rng.choice([1, 5, 25, 200]),
-        workers=rng.randint(1, 8),
-        processes=g,
-        switch=SwitchMode(rng.randint(1, 24), rng.choice([1.0, 1.5, 2.0, 3.7])),
-        reference=g * rng.randint(1, 8),
-    )
+    gm = random_model(rng, lambda rng: [rng.uniform(1e-4, 0.02), rng.uniform(1e-3, 0.05)])
+    g = gm.processes
     low = g * rng.randint(1, 6)
     current = low + g * rng.randint(0, 40)
     bound = gm.request_bound(low, current)

@@ -4,7 +4,8 @@ measured seconds.
 
 A `headline` launch leaves, per method, its rounds file (per round and instance: the workers, their batches, the
 micro-batches, the bytes sent, a merge) and its result (`round_marks_per_rank`: per worker at each round's end the
-training seconds, the evaluation seconds so far and the inner-step seconds so far). From the fitting step's runs:
+training seconds, the evaluation seconds so far and the inner-step seconds so far); `--pack` keeps what the replay
+reads of a step's launches in one results file, `<step>-launches.json`. From the fitting step's runs:
 
 - the inner step: per worker and round, its inner-step seconds over H against its micro-batches, a least-squares
   line α per pass + β per sample (the profile's `micro_batch_seconds` at 1, 2, 4, ... on that line; the optimizer
@@ -36,27 +37,45 @@ from recipes.benchmarks.toolkit.results import write_json
 from recipes.benchmarks.toolkit.virtual_clock import VirtualClock
 
 
-__all__ = ["fit", "load_run", "main", "measured_rounds", "replay"]
+__all__ = ["fit", "load_launch", "main", "measured_rounds", "pack_launch", "replay"]
 
 LATENCY = 1e-4
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # a worker's pseudo-gradient, per parameter
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def load_run(folder: str) -> dict:
-    """One launch's files: its rounds (grouped by round), its result and its spec."""
+ROW_KEYS = (
+    "outer_step",
+    "workers",
+    "batch_size",
+    "worker_batch_sizes",
+    "accumulation_steps",
+    "comm_bytes",
+    "merge_seconds",
+)  # what the replay reads of a rounds file's line
+
+
+def pack_launch(folder: str) -> dict:
+    """One launch's folder (its rounds file, result and spec) reduced to what the replay reads."""
     with open(os.path.join(folder, "result.json"), encoding="utf-8") as f:
         result = json.load(f)
     with open(os.path.join(folder, "spec.json"), encoding="utf-8") as f:
         spec = json.load(f)
-    rounds: dict[int, list[dict]] = {}
     with open(os.path.join(folder, "adloco_rounds.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            rounds.setdefault(row["outer_step"], []).append(row)
+        rows = [{key: row.get(key) for key in ROW_KEYS} for row in map(json.loads, f)]
     dtype = spec.get("adloco", {}).get("pseudo_grad_dtype", "float32")
-    return {"result": result, "inner_steps": spec["train"]["inner_steps"], "rounds": rounds, "world":
-            result["world_size"], "payload": DTYPE_BYTES[dtype] * result["parameters"]}  # fmt: skip
+    return {"inner_steps": spec["train"]["inner_steps"], "world": result["world_size"],
+            "payload": DTYPE_BYTES[dtype] * result["parameters"],
+            "round_marks_per_rank": result["round_marks_per_rank"], "rounds": rows}  # fmt: skip
+
+
+def load_launch(packed: dict) -> dict:
+    """A packed launch as the fit and the replay read it: its rounds grouped by round."""
+    rounds: dict[int, list[dict]] = {}
+    for row in packed["rounds"]:
+        rounds.setdefault(row["outer_step"], []).append(row)
+    return {"result": {"round_marks_per_rank": packed["round_marks_per_rank"]}, "inner_steps": packed["inner_steps"],
+            "rounds": rounds, "world": packed["world"], "payload": packed["payload"]}  # fmt: skip
 
 
 def measured_rounds(run: dict) -> dict[int, dict[int, tuple[float, float]]]:
@@ -173,23 +192,38 @@ def summary(rounds: list[dict]) -> dict:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", required=True, help="A gpu_bench results folder with runs/<step>/<method>/.")
-    parser.add_argument("--fit", required=True, help="The step whose runs give the profile and the link.")
-    parser.add_argument("--check", nargs="+", required=True, help="The steps whose rounds are priced.")
+    parser.add_argument(
+        "--pack",
+        default=None,
+        help="A gpu_bench step's launches folder (runs/<folder>/<step>): "
+        "write what the replay reads of its methods to --output (<step>-launches.json), nothing else.",
+    )
+    parser.add_argument("--results", help="A gpu_bench results folder with <step>-launches.json files.")
+    parser.add_argument("--fit", help="The step whose runs give the profile and the link.")
+    parser.add_argument("--check", nargs="+", help="The steps whose rounds are priced.")
     parser.add_argument("--output", required=True, help="The JSON to write (a PNG beside it).")
     parser.add_argument("--profile_output", default=None, help="Also write the fitted profile as a profile file.")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.pack is None and not (args.results and args.fit and args.check):
+        parser.error("--results, --fit and --check (or --pack)")
+    return args
 
 
 def _methods(results: str, step: str) -> dict[str, dict]:
-    folder = os.path.join(results, "runs", step)
-    if not os.path.isdir(folder):
-        raise SystemExit(f"{folder}: no runs of step {step!r} (gpu_bench's launches, copied beside the results)")
-    return {m: load_run(os.path.join(folder, m)) for m in sorted(os.listdir(folder))}
+    path = os.path.join(results, f"{step}-launches.json")
+    if not os.path.exists(path):
+        raise SystemExit(f"{path}: no launches of step {step!r} (`--pack` writes it from gpu_bench's runs folder)")
+    with open(path, encoding="utf-8") as f:
+        return {method: load_launch(packed) for method, packed in sorted(json.load(f).items())}
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.pack is not None:
+        packed = {m: pack_launch(os.path.join(args.pack, m, sorted(os.listdir(os.path.join(args.pack, m)))[0]))
+                  for m in sorted(os.listdir(args.pack))}  # fmt: skip
+        write_json(args.output, packed)
+        return packed
     fitting = _methods(args.results, args.fit)
     profile, link, fitted = fit(list(fitting.values()))
     checks = {}

@@ -68,7 +68,9 @@ def test_the_fit_recovers_the_model_that_made_the_runs_and_the_replay_prices_the
     assert summary["error"] == pytest.approx(1 / 1.25 - 1, rel=1e-6)
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(H200_RESULTS, "runs")), reason="no H200 launches committed")
+@pytest.mark.skipif(
+    not os.path.exists(os.path.join(H200_RESULTS, "headline-launches.json")), reason="no H200 launches"
+)
 def test_the_h200_headline_launches_replay_and_the_results_file_is_theirs(tmp_path):
     out = replay.main(["--results", H200_RESULTS, "--fit", "headline", "--check", "headline-seed2",
                        "--output", str(tmp_path / "check.json")])  # fmt: skip
