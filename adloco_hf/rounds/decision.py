@@ -276,11 +276,10 @@ def _goodput_choice(
         reference=g * rules.reference_batch_size,
     )
     low = g * math.ceil(controller.floor / g)
-    high = max(low, g * (controller.cap // g)) if controller.cap is not None else None
+    high = max(low, g * (controller.cap // g)) if controller.cap is not None else low
     if controller.derived_cap:  # no batch_size_cap: past its own bound no request can win (`request_bound`)
-        bound = model.request_bound(low, current=inst.batch_size)
-        high = bound if high is None else max(low, min(high, max(bound, inst.batch_size)))
-    high = low if high is None else high
+        bound = model.request_bound(low, current=inst.batch_size)  # >= low and >= the current request
+        high = bound if controller.cap is None else max(low, min(high, bound))
     choice = choose_request(
         model, current=inst.batch_size, low=low, high=high, hysteresis=controller.goodput_hysteresis
     )

@@ -34,6 +34,7 @@ import statistics
 from recipes.benchmarks.toolkit.figures import pyplot, save_figure
 from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, control_seconds
 from recipes.benchmarks.toolkit.results import write_json
+from recipes.benchmarks.toolkit.traffic import ring_all_reduce_bytes
 from recipes.benchmarks.toolkit.virtual_clock import VirtualClock
 
 
@@ -95,14 +96,12 @@ def _chunks(row: dict, share: int) -> list[int]:
     return [-(-int(share) // steps)] * steps
 
 
-def _ring_bytes(row: dict, payload: float) -> float:
-    """What the instance's ring all-reduce adds to the row's bytes: 2 (M − 1) payloads, all workers together
-    (`outer/step.py: ring_all_reduce_bytes`, `comm_bytes`' convention)."""
-    return 2 * (len(row["workers"]) - 1) * payload
-
-
 def _merge_bytes(row: dict, payload: float) -> float:
-    return max(float(row.get("comm_bytes") or 0) - _ring_bytes(row, payload), 0.0) if row.get("merge_seconds") else 0.0
+    return (
+        max(float(row.get("comm_bytes") or 0) - ring_all_reduce_bytes(payload, len(row["workers"])), 0.0)
+        if row.get("merge_seconds")
+        else 0.0
+    )
 
 
 def fit(runs: list[dict]) -> tuple[DeviceProfile, Link, dict]:
