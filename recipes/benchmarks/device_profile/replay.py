@@ -31,6 +31,7 @@ import json
 import os
 import statistics
 
+from recipes.benchmarks.gpu_bench.device import LAUNCHES_SUFFIX
 from recipes.benchmarks.toolkit.figures import pyplot, save_figure
 from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, control_seconds
 from recipes.benchmarks.toolkit.results import write_json
@@ -209,7 +210,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _methods(results: str, step: str) -> dict[str, dict]:
-    path = os.path.join(results, f"{step}-launches.json")
+    path = os.path.join(results, f"{step}{LAUNCHES_SUFFIX}.json")
     if not os.path.exists(path):
         raise SystemExit(f"{path}: no launches of step {step!r} (`--pack` writes it from gpu_bench's runs folder)")
     with open(path, encoding="utf-8") as f:

@@ -43,6 +43,7 @@ __all__ = [
 # steps, loader workers and memory per parameter; the results without a version are 1).
 BENCH_VERSION = 2
 RUNS_FILE = "runs.json"  # every attempt at a step: its outcome, seconds, the end of its log when it failed
+LAUNCHES_SUFFIX = "-launches"  # <step>-launches.json: a step's launches packed for the clock replay, not a step
 DATA_SECONDS_BOUND = 20.0  # issue 38: a step's data (tokenised, packed, loaded) ready in <= 20 s on the GPU machine
 MFU_FORMULA = (
     "MFU = (6 N + 12 L d T) × tokens/s ÷ peak; N = parameters in matrix products (all but the input embedding), "
@@ -134,9 +135,9 @@ def read_step(results_dir: str, step: str) -> dict | None:
 
 
 def finished_steps(results_dir: str) -> list[str]:
-    """The steps whose results are in `results_dir`, by name."""
+    """The steps whose results are in `results_dir`, by name (not `runs.json`, not a step's packed launches)."""
     names = (os.path.basename(p)[: -len(".json")] for p in glob.glob(os.path.join(results_dir, "*.json")))
-    return sorted(n for n in names if n != RUNS_FILE[: -len(".json")])
+    return sorted(n for n in names if n != RUNS_FILE[: -len(".json")] and not n.endswith(LAUNCHES_SUFFIX))
 
 
 def folder_versions(results_dir: str) -> set[int]:

@@ -12,7 +12,7 @@ from helpers import REPO
 
 from recipes.benchmarks import gpu_bench
 from recipes.benchmarks.gpu_bench import report as gpu_report
-from recipes.benchmarks.gpu_bench.device import device_slug, flops_per_token, mfu, peak_flops
+from recipes.benchmarks.gpu_bench.device import device_slug, finished_steps, flops_per_token, mfu, peak_flops
 from recipes.benchmarks.gpu_bench.headline import time_to_target
 
 
@@ -116,6 +116,28 @@ def test_the_h200_headline_results_judge_a_method_that_never_reached_the_target_
         assert rows["adloco_goodput"]["final ppl / DiLoCo's"] == pytest.approx(
             result["runs"]["adloco_goodput"]["final_eval_ppl"] / result["runs"]["diloco"]["final_eval_ppl"]
         )
+
+
+def test_the_h200_folder_s_steps_are_its_steps_and_the_speed_target_holds_default_adloco_to_the_trainer():
+    """The committed H200 folder holds each headline's packed launches (`<step>-launches.json`, for the clock replay)
+    beside the steps' results: they are not steps (no device, no version).
+    Target (a) holds AdLoCo as configured by default, with and without statistics, to the Trainer's speed; the
+    outer state on the CPU trades speed for memory and is reported, not held to it."""
+    folder = os.path.join(REPO, "docs", "results", "gpu", "nvidia-h200-2026-11-27")
+    assert os.path.exists(os.path.join(folder, "headline-launches.json"))
+    steps = finished_steps(folder)
+    assert "headline" in steps and not any(s.endswith("-launches") for s in steps)
+    ratios = []
+    for size in ("50m", "300m"):
+        best = gpu_report.best_rows(
+            json.load(open(os.path.join(folder, f"throughput-{size}.json"), encoding="utf-8"))["rows"]
+        )
+        ratios += [row["tokens_per_second"] / best[("trainer", compiled)]["tokens_per_second"]
+                   for (variant, compiled), row in best.items() if variant in ("adloco", "adloco_stats")]  # fmt: skip
+        assert size == "300m" or ("adloco_cpu_state", True) in best  # measured on the 50m model
+    checks = {c["target"]: c for c in gpu_report.targets(folder)}
+    speed = checks["(a) AdLoCo / Trainer tokens/s, each at its best data setting, lowest"]
+    assert speed["value"] == pytest.approx(min(ratios))
 
 
 def test_throughput_rows_compare_each_variant_at_its_best_data_setting():
