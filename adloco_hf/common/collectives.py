@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from .distributed import get_rank, get_world_size, is_distributed
-from .upstream import default_store
+from .job_store import job_store
 
 
 __all__ = ["CollectiveCallError", "collective", "enter_collective", "post_exit"]
@@ -49,7 +49,7 @@ class _Entries:
 
 
 def _default_store():
-    return default_store()  # the rendezvous store (torchrun's / accelerate's), as WorkerMonitor uses it
+    return job_store()  # the rendezvous store, its calls bounded (torchrun's / accelerate's), as WorkerMonitor uses it
 
 
 def _key(rank: int) -> str:

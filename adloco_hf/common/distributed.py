@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from .upstream import default_store
+from .job_store import job_store
 
 
 __all__ = [
@@ -223,7 +223,7 @@ class WorkerMonitor:
             WorkerMonitor._created += 1
         self._prefix = f"adloco/worker_monitor/{WorkerMonitor._created}"
         if self.group is not None:
-            self._store = default_store()  # without one, the gloo message is used
+            self._store = job_store()  # without one, the gloo message is used
 
     @property
     def active(self) -> bool:

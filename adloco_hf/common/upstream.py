@@ -7,6 +7,7 @@ reads its argparse shims; `adloco-hf --help` imports neither torch nor transform
 """
 
 import argparse
+import os
 from typing import TYPE_CHECKING, Any
 
 
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "default_store",
+    "exit_now",
     "fingerprint",
     "foreach_norms",
     "mark_prepared",
@@ -54,6 +56,14 @@ def foreach_norms(tensors: "list[torch.Tensor]") -> "list[torch.Tensor]":
     import torch
 
     return list(torch._foreach_norm(tensors, 2))
+
+
+# ---- Python ----
+def exit_now(code: int) -> None:
+    """End the process at once: `os._exit`, public in Python's documentation despite its name. For a watchdog whose
+    process has a thread stuck in a call that never returns (`common/job_store.py`): `sys.exit` would run the exit
+    handlers, which wait for that thread or make the same call."""
+    os._exit(code)
 
 
 # ---- argparse (the recipes' `--help` sections) ----

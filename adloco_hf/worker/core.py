@@ -28,6 +28,7 @@ import torch
 from ..checkpoint.folders import remove_stale_staging, resume_hint
 from ..common.clock import Clock
 from ..common.distributed import WorkerMonitor, destroy_process_groups_at_exit, get_rank, get_world_size
+from ..common.job_store import bound_store_calls
 from ..common.layout import WorkerLayout
 from ..instances.table import Instance
 from ..outer.step import GlobalModel
@@ -145,6 +146,7 @@ class Worker:
     def _connect(self) -> None:
         """The workers' monitor (a lost worker ends the run with a resume hint) and the preemption handlers."""
         destroy_process_groups_at_exit()
+        bound_store_calls(self.settings.worker_timeout)  # a machine that lost the store ends (common/job_store.py)
         self.monitor = WorkerMonitor(self.settings.worker_timeout)
         self.monitor.check("start of training")
         self.preemption = Preemption(self.settings.preemption_grace_seconds, self.monitor.someone_ahead)

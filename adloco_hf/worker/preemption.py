@@ -34,8 +34,8 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from ..common.distributed import WorkerTimeoutError, stop_waiting_for_workers
+from ..common.job_store import job_store
 from ..common.pulse import Pulse
-from ..common.upstream import default_store
 
 
 __all__ = ["Preemption", "TrainingPreempted"]
@@ -99,7 +99,7 @@ class Preemption:
         stop_waiting_for_workers(False)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # The rendezvous store, as WorkerMonitor uses it; without one only round-end stops are possible.
-            self._store = default_store()
+            self._store = job_store()
         if self._store is not None:
             self._pulse = Pulse(self._store, dist.get_rank()).start()
         for signum in (signal.SIGTERM, signal.SIGINT):

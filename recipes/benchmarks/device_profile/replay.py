@@ -31,7 +31,7 @@ import json
 import os
 import statistics
 
-from recipes.benchmarks.gpu_bench.device import LAUNCHES_SUFFIX
+from recipes.benchmarks.gpu_bench import LAUNCHES_SUFFIX
 from recipes.benchmarks.toolkit.figures import pyplot, save_figure
 from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, control_seconds
 from recipes.benchmarks.toolkit.results import write_json

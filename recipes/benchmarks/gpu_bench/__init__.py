@@ -49,11 +49,12 @@ from recipes.benchmarks.gpu_bench.cli import (  # noqa: E402
     pending,
     stop,
 )
-from recipes.benchmarks.gpu_bench.device import BENCH_VERSION  # noqa: E402
+from recipes.benchmarks.gpu_bench.device import BENCH_VERSION, LAUNCHES_SUFFIX  # noqa: E402
 
 
 __all__ = [
     "BENCH_VERSION",
+    "LAUNCHES_SUFFIX",
     "STEPS",
     "STEP_LIMIT_SECONDS",
     "Step",
