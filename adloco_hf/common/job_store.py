@@ -1,4 +1,4 @@
-"""The job's key-value store, every call bounded by `worker_timeout` (docs/faults.md#timeouts).
+"""The job's key-value store, every call bounded by twice `worker_timeout` (docs/faults.md#timeouts).
 
 The store (torchrun's or accelerate's rendezvous store) is where the workers beat their pulse (`common/pulse.py`),
 count the points they entered (`common/distributed.py`, `common/collectives.py`) and agree on where to stop
@@ -7,8 +7,8 @@ while a call is on the wire waits until TCP gives up (`net.ipv4.tcp_retries2`, a
 of the process waits behind it for the client's lock. Such a worker never names the others, never exits, and its
 launcher never gets to restart it or give up (issue 42's `down_for_good`).
 
-So every call goes through a watchdog: a call not answered within the bound means this machine has lost the store
-(its link, or the store's host, is down for longer than the run tolerates). The watchdog says so on stderr and ends
+So every call goes through a watchdog: a call not answered within the bound (2 × `worker_timeout`, `BOUND_FACTOR`)
+means this machine has lost the store (its link, or the store's host, is down for longer than the run tolerates). The watchdog says so on stderr and ends
 the process with `STORE_LOST_EXIT_CODE`, the way torch's NCCL watchdog ends a process whose collective hung: the
 launcher sees a failed worker and restarts it or gives up, as configured. None of the calls made here waits for a key
 to appear (every `get` follows a `check`), so a healthy store answers each within a round trip.
@@ -23,10 +23,14 @@ from collections.abc import Iterator
 from .upstream import default_store, exit_now
 
 
-__all__ = ["STORE_LOST_EXIT_CODE", "BoundedStore", "bound_store_calls", "job_store"]
+__all__ = ["BOUND_FACTOR", "STORE_LOST_EXIT_CODE", "BoundedStore", "bound_store_calls", "job_store"]
 
 # EX_TEMPFAIL (sysexits.h): a temporary failure, the launcher may try again.
 STORE_LOST_EXIT_CODE = 75
+# The bound is twice worker_timeout: TCP retransmits a lost segment after intervals that double (0.2, 0.4, ... s), so
+# a call sent while a link is down is answered up to about twice the outage after it was sent. At 2 × worker_timeout
+# an outage shorter than worker_timeout, which costs a round nothing, does not end a worker either.
+BOUND_FACTOR = 2.0
 _CALLS = ("add", "set", "get", "check", "compare_set", "delete_key", "num_keys")
 
 
@@ -35,23 +39,29 @@ class _Watchdog:
     passes (it sleeps until the earliest deadline; with no call in flight, until the next call)."""
 
     def __init__(self):
+        self._forget()
+        os.register_at_fork(after_in_child=self._forget)  # a forked child has no watchdog thread: it starts its own
+
+    def _forget(self) -> None:
         self._lock = threading.Condition()
-        self._calls: dict[int, tuple[float, str]] = {}
+        self._calls: dict[int, tuple[float, tuple]] = {}
         self._next = 0
         self._thread: threading.Thread | None = None
 
     @contextlib.contextmanager
-    def watching(self, bound: float | None, what: str) -> Iterator[None]:
+    def watching(self, bound: float | None, call: tuple) -> Iterator[None]:
+        """Watch the call described by `call` (rank, store, name, key, bound) for `bound` seconds (None: not at all)."""
         if bound is None:
             yield
             return
         with self._lock:
             token, self._next = self._next, self._next + 1
-            self._calls[token] = (time.monotonic() + bound, what)
+            self._calls[token] = (time.monotonic() + bound, call)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="adloco-store-watchdog", daemon=True)
                 self._thread.start()
-            self._lock.notify()
+            if len(self._calls) == 1:  # the thread sleeps without a deadline; else an earlier one is already set
+                self._lock.notify()
         try:
             yield
         finally:
@@ -62,20 +72,21 @@ class _Watchdog:
         with self._lock:
             while True:
                 now = time.monotonic()
-                late = [what for deadline, what in self._calls.values() if deadline <= now]
+                late = [call for deadline, call in self._calls.values() if deadline <= now]
                 if late:
-                    _store_lost(late[0])
+                    _store_lost(*late[0])
                 earliest = min((deadline for deadline, _ in self._calls.values()), default=None)
                 self._lock.wait(None if earliest is None else earliest - now)
 
 
-def _store_lost(what: str) -> None:
+def _store_lost(rank: int, store, name: str, key: str, bound: float) -> None:
     """End the process: written with os.write (no lock of Python's to wait for: the calling thread is stuck)."""
     message = (
-        f"AdLoCo: {what}. This machine has lost the job's key-value store (its link, or the store's host, is down "
-        f"longer than worker_timeout): ending this worker with exit code {STORE_LOST_EXIT_CODE} so that its launcher "
-        "restarts it or gives up; the other workers name it after worker_timeout. If the link's outages are expected "
-        "to last longer, raise worker_timeout (docs/faults.md#timeouts).\n"
+        f"AdLoCo: rank {rank}: the job's store ({_address(store)}) did not answer {name}({key!r}) in {bound:g} s "
+        f"({BOUND_FACTOR:g} x worker_timeout). This machine has lost the job's key-value store (its link, or the "
+        f"store's host, is down longer than worker_timeout): ending this worker with exit code {STORE_LOST_EXIT_CODE} "
+        "so that its launcher restarts it or gives up; the other workers name it after worker_timeout. If the link's "
+        "outages are expected to last longer, raise worker_timeout (docs/faults.md#timeouts).\n"
     )
     with contextlib.suppress(OSError):
         os.write(2, message.encode())
@@ -86,10 +97,11 @@ _WATCHDOG = _Watchdog()
 _bound: float | None = None
 
 
-def bound_store_calls(seconds: float | None) -> None:
-    """Bound every later call of the job's store (`job_store`) by `seconds` (`worker_timeout`; None: unbounded)."""
+def bound_store_calls(worker_timeout: float | None) -> None:
+    """Bound every later call of the job's store (`job_store`) by `BOUND_FACTOR` × `worker_timeout` (None:
+    unbounded)."""
     global _bound
-    _bound = seconds
+    _bound = None if worker_timeout is None else BOUND_FACTOR * worker_timeout
 
 
 class BoundedStore:
@@ -106,8 +118,7 @@ class BoundedStore:
 
         def call(*args):
             key = args[0] if args and isinstance(args[0], str) else (args[0][0] if args and args[0] else "")
-            what = f"rank {self.rank}: the job's store ({_address(self.store)}) did not answer {name}({key!r})"
-            with _WATCHDOG.watching(_bound, f"{what} in {_bound:g} s" if _bound is not None else what):
+            with _WATCHDOG.watching(_bound, (self.rank, self.store, name, key, _bound)):
                 return attribute(*args)
 
         return call

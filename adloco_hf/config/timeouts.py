@@ -5,7 +5,7 @@
 2. `worker_timeout` (AdLoCo, default 1800 s): every wait of AdLoCo for the other workers (a round's end, a merge, a
    save, a public collective) and AdLoCo's own process groups. When it passes, `WorkerTimeoutError` names the
    workers that did not arrive. A worker that lost its link (its process alive, its sockets silent) is named after
-   it, not before: it is the time to detection of a dead machine or link. It also bounds every call to the job's
+   it, not before: it is the time to detection of a dead machine or link. Twice it bounds every call to the job's
    key-value store (`common/job_store.py`): the machine that lost its link ends its worker (exit code 75) instead of
    waiting forever in torch's TCPStore client, and its launcher restarts it or gives up.
 3. `ddp_timeout` (`TrainingArguments`, default 1800 s): torch.distributed's own bound, on the default group (forming

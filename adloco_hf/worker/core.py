@@ -85,6 +85,7 @@ class Worker:
         self.rules_cache = rules
         self.run_log = RunLog(settings.output_dir)
         self.monitor = WorkerMonitor(settings.worker_timeout, connect=False)  # plain barriers until `start` connects
+        bound_store_calls(settings.worker_timeout)  # from this process's first store call on (common/job_store.py)
         self.preemption: Preemption | None = None
         # The clock of the step timings (`common/clock.py`): a benchmark may install a virtual one before training.
         self.clock = Clock(settings.device, synchronize=settings.steps.time_steps)
@@ -146,7 +147,6 @@ class Worker:
     def _connect(self) -> None:
         """The workers' monitor (a lost worker ends the run with a resume hint) and the preemption handlers."""
         destroy_process_groups_at_exit()
-        bound_store_calls(self.settings.worker_timeout)  # a machine that lost the store ends (common/job_store.py)
         self.monitor = WorkerMonitor(self.settings.worker_timeout)
         self.monitor.check("start of training")
         self.preemption = Preemption(self.settings.preemption_grace_seconds, self.monitor.someone_ahead)

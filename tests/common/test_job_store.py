@@ -58,15 +58,18 @@ def store_host():
 def _stop(host: subprocess.Popen) -> None:
     """SIGSTOP the store's host and wait until it is stopped (the signal is delivered asynchronously)."""
     os.kill(host.pid, signal.SIGSTOP)
-    with open(f"/proc/{host.pid}/stat") as stat:
-        while stat.read().rsplit(")", 1)[1].split()[0] != "T":
-            time.sleep(0.01)
-            stat.seek(0)
+    while not all(_state(host.pid, task) == "T" for task in os.listdir(f"/proc/{host.pid}/task")):
+        time.sleep(0.01)
 
 
-def _client(port: int, bound: float, idle: float) -> subprocess.Popen:
+def _state(pid: int, task: str) -> str:
+    with open(f"/proc/{pid}/task/{task}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+def _client(port: int, worker_timeout: float, idle: float) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", CLIENT, str(port), str(bound), str(idle)],
+        [sys.executable, "-c", CLIENT, str(port), str(worker_timeout), str(idle)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -76,21 +79,24 @@ def _client(port: int, bound: float, idle: float) -> subprocess.Popen:
 
 def test_a_store_that_stops_answering_ends_the_worker_naming_the_store_and_the_fix(store_host):
     host, port = store_host
-    client = _client(port, bound=2.0, idle=6.0)
+    client = _client(port, worker_timeout=2.5, idle=6.0)  # calls bounded by 5 s
     assert client.stdout.readline().strip() == "answered 19"  # 60 answered calls and 6 s idle did not trip it
     _stop(host)  # the store's host stops answering (a dead link looks the same to the client)
     client.stdin.write("go\n")
     client.stdin.flush()
-    out, err = client.communicate(timeout=120)  # a hang guard: the bound is 2 s
+    out, err = client.communicate(timeout=120)  # a hang guard: the bound is 5 s
     assert client.returncode == STORE_LOST_EXIT_CODE, err
     assert "calling" in out and "answered again" not in out
-    assert f"rank 3: the job's store (127.0.0.1:{port}) did not answer add('adloco/pulse/3') in 2 s" in err
+    assert (
+        f"rank 3: the job's store (127.0.0.1:{port}) did not answer add('adloco/pulse/3') in 5 s (2 x worker_timeout)"
+        in err
+    )
     assert "raise worker_timeout" in err and "docs/faults.md#timeouts" in err
 
 
 def test_a_store_that_answers_late_within_the_bound_costs_nothing(store_host):
     host, port = store_host
-    client = _client(port, bound=30.0, idle=0.0)
+    client = _client(port, worker_timeout=15.0, idle=0.0)  # calls bounded by 30 s
     assert client.stdout.readline().strip() == "answered 19"
     _stop(host)
     client.stdin.write("go\n")

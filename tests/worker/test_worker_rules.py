@@ -40,3 +40,14 @@ def test_one_process_per_worker_is_a_whole_replica(tmp_path):
     w = worker(tmp_path)
     assert isinstance(w.replica, DDPReplica) and not w.fsdp and w.intra_group is None
     assert not w.replica.keeps_local_gradients and w.replica.reports_statistics
+
+
+def test_a_worker_bounds_its_store_calls_by_twice_its_worker_timeout_from_its_creation(tmp_path):
+    """The trainer builds its worker before its first store call (`watch_exit`): from there every call to the job's
+    store is bounded (common/job_store.py), by twice the run's `worker_timeout`."""
+    from adloco_hf.common import job_store
+
+    worker(tmp_path, worker_timeout=12.0, ddp_timeout=12)
+    assert job_store._bound == 24.0
+    worker(tmp_path, worker_timeout=40.0, ddp_timeout=40)  # a second run of the process: its own bound
+    assert job_store._bound == 80.0
