@@ -117,11 +117,16 @@ class BoundedStore:
             return attribute
 
         def call(*args):
-            key = args[0] if args and isinstance(args[0], str) else (args[0][0] if args and args[0] else "")
-            with _WATCHDOG.watching(_bound, (self.rank, self.store, name, key, _bound)):
+            with _WATCHDOG.watching(_bound, (self.rank, self.store, name, _key(args), _bound)):
                 return attribute(*args)
 
         return call
+
+
+def _key(args: tuple) -> str:
+    """The key a call names, for its message: its first argument, or the first of a list of keys (`check`)."""
+    first = args[0] if args else ""
+    return first if isinstance(first, str) else (first[0] if first else "")
 
 
 def _address(store) -> str:
