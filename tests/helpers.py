@@ -83,7 +83,15 @@ COMPARED_ROUND_KEYS = RESUMED_ROUND_KEYS
 RESUME_CONFIG = dict(
     max_steps=30, inner_steps=5, save_steps=10, num_instances=2, merge_every=4, per_device_train_batch_size=2,
     max_batch_size=4, eta=0.5, seed=3, optim="adamw_torch", learning_rate=3e-3, lr_batch_scaling="sqrt",
+    batch_size_target="test",  # NORM_TEST below
 )  # fmt: skip
+
+# The norm test's own requests (`batch_size_target="test"`) instead of the default goodput rule, for the tests whose
+# subject is not the rule: the rule's decisions follow the step times the run measures, so two runs of one seed
+# (a resumed one and an uninterrupted one, DDP and FSDP) may choose different requests; the norm test's repeat
+# exactly. The default and the rule's own runs are tested in tests/config/test_config.py and
+# tests/worker/test_goodput_runs.py (there with a deterministic `StepClock`, resumes included).
+NORM_TEST = {"batch_size_target": "test"}
 
 # Two workers of two processes (DDP or FSDP inside each worker; `two_by_two_ddp` in conftest.py, test_worker_fsdp.py):
 # outer_lr 1, no momentum and float32 for the exact-mean checks; a norm test that measures (grad_variance) but, with
@@ -92,7 +100,7 @@ RESUME_CONFIG = dict(
 TWO_BY_TWO = dict(
     seed=3, optim="adamw_torch", learning_rate=3e-3, per_device_train_batch_size=2, max_batch_size=4, eta=1e6,
     processes_per_worker=2, max_steps=12, inner_steps=4, outer_lr=1.0, outer_momentum=0.0,
-    pseudo_grad_dtype="float32", save_strategy="no",
+    pseudo_grad_dtype="float32", save_strategy="no", **NORM_TEST,
 )  # fmt: skip
 
 # The Trainer's settings of the one-process tests' short runs (`tiny_run_config`); a plain `Trainer` compared with
@@ -120,6 +128,7 @@ def round_rules(*, max_batch_size: int, shard_size: int | None = None, **setting
     """`RoundRules` as a run builds them (`RoundRules.from_args`), from `AdLoCoConfig`'s defaults overridden by
     `settings` (its field names), without the config's checks: a test of the decision needs no output_dir."""
     defaults = {f.name: f.default for f in dataclasses.fields(AdLoCoConfig) if f.default is not dataclasses.MISSING}
+    defaults.update(NORM_TEST)  # the decision tests' requests are the norm test's unless they name a target
     unknown = sorted(set(settings) - set(defaults))
     if unknown:
         raise TypeError(f"round_rules: {unknown} are not AdLoCoConfig fields")
@@ -129,8 +138,8 @@ def round_rules(*, max_batch_size: int, shard_size: int | None = None, **setting
 
 def tiny_run_config(tmp_path, **overrides) -> AdLoCoConfig:
     """A one-process CPU run of `TINY_TRAINING` into `tmp_path/out`: rounds of 6 inner steps, micro-batches of at
-    most 8; `overrides` (any `AdLoCoConfig` field) replace these."""
-    base = dict(TINY_TRAINING, output_dir=str(tmp_path / "out"), inner_steps=6, max_batch_size=8)
+    most 8, the norm test's requests (`NORM_TEST`); `overrides` (any `AdLoCoConfig` field) replace these."""
+    base = dict(TINY_TRAINING, output_dir=str(tmp_path / "out"), inner_steps=6, max_batch_size=8, **NORM_TEST)
     return AdLoCoConfig(**(base | overrides))
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "check_processes_per_worker",
     "check_schedule",
     "check_worker_parallelism",
+    "resolve_batch_size_target",
 ]
 
 
@@ -149,6 +150,13 @@ def check_loader_processes(config: TrainingArguments) -> None:
             "dataloader_persistent_workers=True needs loader processes: set dataloader_num_workers > 0, or leave "
             "dataloader_persistent_workers False."
         )
+
+
+def resolve_batch_size_target(config: TrainingArguments) -> None:
+    """`batch_size_target="auto"` (the default): the goodput rule where it can run, on the norm test's statistics;
+    an inner-product test's own request, or a fixed batch (`batch_size_test="none"`), where the user chose those."""
+    if config.batch_size_target == "auto":
+        config.batch_size_target = "goodput" if config.batch_size_test == "norm" else "test"
 
 
 def check_goodput(config: TrainingArguments) -> None:

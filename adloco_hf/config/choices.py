@@ -33,7 +33,9 @@ WORKER_PARALLELISMS = ("ddp", "fsdp")
 
 # The batch: its test, the controller that moves the request, the learning rate that follows it
 BATCH_SIZE_TESTS = ("norm", "inner_product", "augmented_inner_product", "none")
-BATCH_SIZE_TARGETS = ("test", "noise_scale", "goodput")
+# "auto" (the default) resolves when the config is built: "goodput" with the norm test, "test" otherwise
+# (`resolve_batch_size_target`); the controller only ever sees the other three.
+BATCH_SIZE_TARGETS = ("auto", "test", "noise_scale", "goodput")
 NONPOSITIVE_SIGNAL = ("keep", "clamp")
 NOISE_PRECONDITIONERS = ("none", "adam")
 LR_SCALING_RULES = ("none", "sqrt", "sqrt_adam", "linear")

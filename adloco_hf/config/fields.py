@@ -172,10 +172,11 @@ class BatchFields:
         metadata={"help": "Smallest request when shrinking, and of the goodput rule (default: the initial one)."},
     )
     batch_size_target: str = field(
-        default="test",
+        default="auto",
         metadata={
-            "help": "The norm test's request, a multiple of the noise scale, or the request of the highest goodput "
-            "(throughput measured on the run, the round's communication included, × statistical efficiency).",
+            "help": "The request of the highest goodput (throughput measured on the run, the round's communication "
+            "included, × statistical efficiency), the norm test's ('test'), or a multiple of the noise scale; "
+            "'auto': goodput with the norm test, the test's own request with any other test.",
             "choices": list(BATCH_SIZE_TARGETS),
         },
     )

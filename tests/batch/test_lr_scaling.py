@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from helpers import sequence_dataset, tiny_model
+from helpers import NORM_TEST, sequence_dataset, tiny_model
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.batch import lr_scaling
@@ -77,7 +77,7 @@ def run(tmp_path, rule, resume=None, **kwargs):
     settings = dict(
         output_dir=str(tmp_path / rule), max_steps=30, inner_steps=10, per_device_train_batch_size=2, max_batch_size=4,
         eta=0.5, learning_rate=3e-3, lr_scheduler_type="linear", optim="adamw_torch", use_cpu=True, report_to=[],
-        save_strategy="no", disable_tqdm=True, seed=7, lr_batch_scaling=rule,
+        save_strategy="no", disable_tqdm=True, seed=7, lr_batch_scaling=rule, **NORM_TEST,
     )  # fmt: skip
     settings.update(kwargs)
     args = AdLoCoConfig(**settings)

@@ -87,7 +87,7 @@ def test_the_same_settings_compare_equal(tmp_path):
         ("num_instances", 2, 1),
         ("merge_every", 2, 3),
         ("merge_policy", "largest_smallest", "smallest_pair"),
-        ("batch_size_test", "inner_product", "norm"),
+        ("batch_size_target", "test", "goodput"),  # the default "auto" is recorded as the rule that ran
         ("eta", 0.5, 0.8),
         ("batch_size_cap", 8, None),
         ("switch_threshold", 3.0, 2.0),
@@ -103,6 +103,16 @@ def test_the_same_settings_compare_equal(tmp_path):
 def test_a_changed_trajectory_field_is_refused(tmp_path, field, new, old_value):
     refused, restored = changes(tmp_path, **{field: new})
     assert refused == [Change(field, old_value, new)] and restored == []
+
+
+def test_a_changed_test_is_refused_with_the_rule_it_brings_under_the_default_target(tmp_path):
+    # batch_size_target="auto" runs the goodput rule with the norm test and an inner-product test's own request
+    refused, restored = changes(tmp_path, batch_size_test="inner_product")
+    assert refused == [
+        Change("batch_size_test", "norm", "inner_product"),
+        Change("batch_size_target", "goodput", "test"),
+    ]
+    assert restored == []
 
 
 def test_a_changed_restored_field_is_only_reported(tmp_path):

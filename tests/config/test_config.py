@@ -25,6 +25,49 @@ def test_defaults_are_valid_and_decouple_the_workers(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("kwargs", "target"),
+    [
+        (dict(), "goodput"),  # the default: the goodput rule on the norm test's statistics
+        (dict(batch_size_test="norm"), "goodput"),
+        (dict(batch_size_test="none"), "test"),  # DiLoCo's fixed batch: no statistics for the rule to read
+        (dict(batch_size_test="inner_product"), "test"),  # a test the user chose keeps its own request
+        (dict(batch_size_test="augmented_inner_product"), "test"),
+        (dict(batch_size_target="test"), "test"),  # the paper's norm test, one setting away
+        (dict(batch_size_target="noise_scale"), "noise_scale"),
+    ],
+)
+def test_the_default_batch_size_target_is_the_goodput_rule_where_the_norm_test_measures(tmp_path, kwargs, target):
+    args = make(tmp_path, **kwargs)
+    assert args.batch_size_target == target
+    # resolved when built: the JSON (and a checkpoint's settings) name the rule that ran, and rebuilding keeps it
+    assert args.to_dict()["batch_size_target"] == target
+    assert make(tmp_path, **{**kwargs, "batch_size_target": args.batch_size_target}).batch_size_target == target
+
+
+def test_the_default_batch_size_target_is_auto_on_the_command_line(tmp_path):
+    (args,) = HfArgumentParser(AdLoCoConfig).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--max_steps", "40", "--inner_steps", "10", "--use_cpu", "--report_to", "none"]
+    )
+    assert args.batch_size_target == "goodput"
+    (args,) = HfArgumentParser(AdLoCoConfig).parse_args_into_dataclasses(
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--max_steps",
+            "40",
+            "--inner_steps",
+            "10",
+            "--use_cpu",
+            "--report_to",
+            "none",
+            "--batch_size_target",
+            "test",
+        ]
+    )
+    assert args.batch_size_target == "test"
+
+
+@pytest.mark.parametrize(
     ("kwargs", "field"),
     [
         (dict(max_steps=-1), "max_steps"),

@@ -437,6 +437,8 @@ def main() -> None:
             "disable_tqdm": True,
             "log_level": "warning",
             "plot_run": False,
+            # the norm test's requests unless the spec names a target (NORM_TEST in tests/helpers.py: they repeat)
+            "batch_size_target": "test",
             **spec["config"],
         }
     )

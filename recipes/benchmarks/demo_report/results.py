@@ -102,7 +102,9 @@ def highlights(results: dict[str, Any]) -> dict[str, Any]:
                 "survivor": row["instance"],
                 "merged_from": row["merged_from"],
                 "instances_after": row["num_instances"],
-                "request_before": [row["next_batch_size"], len(row["workers"])],  # per worker, on that many workers
+                # per worker, on that many workers: the batch of the merge round (its next_batch_size is already the
+                # merged instance's plan), then the batch of the round after it
+                "request_before": [row["batch_size"], len(row["workers"])],
                 "request_after": None if after is None else [after["batch_size"], len(after["workers"])],
             }
         )

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     H, P = cli.inner_steps, cli.workers
     base = dict(
         inner_steps=H, max_steps=H * cli.rounds, per_device_train_batch_size=cli.batch, max_batch_size=cli.batch,
-        batch_size_cap=cli.batch, learning_rate=1e-3, optim="adamw_torch", save_strategy="no", logging_steps=10_000,
+        batch_size_cap=cli.batch, batch_size_target="test", learning_rate=1e-3, optim="adamw_torch", save_strategy="no", logging_steps=10_000,
     )  # fmt: skip
     results: dict = {"workers": P, "inner_steps": H, "batch": cli.batch}
 

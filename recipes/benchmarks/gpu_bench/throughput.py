@@ -116,6 +116,7 @@ def _adloco_rules(variant: str, settings: dict, batch: int) -> dict:
     """AdLoCo's settings of a throughput variant (module docstring)."""
     return {
         "batch_size_test": "norm" if variant == "adloco_stats" else "none",
+        "batch_size_target": "test",  # the statistics' cost alone (the goodput rule also times every step)
         "batch_size_cap": batch if variant == "adloco_stats" else None,
         # a micro-batch below the batch: switch mode accumulates every step (the statistics' groups are then the
         # micro-batches, of the same shapes as every other step's)
@@ -255,7 +256,7 @@ def throughput(step: str, settings: dict, tokenizer, lm, work: str, peak: float 
 def growing_batch(step: str, settings: dict, tokenizer, lm, work: str, peak: float | None) -> dict:
     """A compiled run whose request grows, then a compiled run at its final size from the start."""
     h = settings["inner_steps"]
-    rules = {"batch_size_test": "norm", "batch_size_cap": settings["cap"], "max_batch_size": settings["cap"],
+    rules = {"batch_size_test": "norm", "batch_size_target": "test", "batch_size_cap": settings["cap"], "max_batch_size": settings["cap"],
              "eta": 0.8, "batch_size_smoothing": 0.0, "nonpositive_signal": "clamp"}  # fmt: skip
     steps = settings["rounds"] * h
     clock, grow = train_once(settings, lm, tokenizer, variant="adloco", compiled=True, steps=steps,

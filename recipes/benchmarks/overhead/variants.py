@@ -86,6 +86,7 @@ def run_variant(variant: str, settings: dict, tokenizer, lm, output_dir: str) ->
             inner_steps=h,
             num_instances=1,
             batch_size_test="norm" if stats else "none",
+            batch_size_target="test",  # the statistics' cost alone (the goodput rule also times every step)
             batch_size_cap=batch if stats else None,
             max_batch_size=batch,
             save_merges=False,
