@@ -7,7 +7,7 @@ import pathlib
 import numpy as np
 import pytest
 import torch
-from helpers import sequence_dataset, tiny_model
+from helpers import NORM_TEST, sequence_dataset, tiny_model
 from torch import nn
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
@@ -110,8 +110,14 @@ def test_shards_predicted_apart_join_into_the_whole_sets_predictions_and_exact_l
 
 
 def test_the_view_is_the_worker_as_an_evaluation_reads_it(tmp_path):
-    args = AdLoCoConfig(
-        output_dir=str(tmp_path), max_steps=4, inner_steps=2, use_cpu=True, report_to=[], save_strategy="no"
+    args = AdLoCoConfig(  # the norm test's requests (NORM_TEST): the token count below assumes the batch of 8 kept
+        output_dir=str(tmp_path),
+        max_steps=4,
+        inner_steps=2,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        **NORM_TEST,
     )
     trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(16))
     view = EvaluationView.from_worker(trainer.worker)
