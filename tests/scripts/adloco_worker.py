@@ -37,7 +37,7 @@ from transformers import TrainerCallback, default_data_collator
 
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from helpers import StepClock, flat_params, sequence_dataset, tiny_model  # noqa: E402
+from helpers import NORM_TEST, StepClock, flat_params, sequence_dataset, tiny_model  # noqa: E402
 
 import adloco_hf.checkpoint.folders as checkpoint_module  # noqa: E402
 import adloco_hf.instances.merges as merging  # noqa: E402
@@ -438,7 +438,7 @@ def main() -> None:
             "log_level": "warning",
             "plot_run": False,
             # the norm test's requests unless the spec names a target (NORM_TEST in tests/helpers.py: they repeat)
-            "batch_size_target": "test",
+            **NORM_TEST,
             **spec["config"],
         }
     )

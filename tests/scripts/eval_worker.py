@@ -17,7 +17,7 @@ from transformers import TrainerCallback, default_data_collator
 
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from helpers import sequence_dataset, tiny_model  # noqa: E402
+from helpers import NORM_TEST, sequence_dataset, tiny_model  # noqa: E402
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
 
@@ -83,7 +83,7 @@ def evaluating_trainer(spec: dict, **config) -> AdLoCoTrainer:
         output_dir=spec["output_dir"], use_cpu=True, report_to=[], disable_tqdm=True, log_level="warning", seed=3,
         optim="adamw_torch", learning_rate=3e-3, max_steps=20, inner_steps=10, num_instances=2, merge_every=0,
         instance_init="independent", per_device_train_batch_size=2, max_batch_size=4, eval_strategy="steps",
-        eval_steps=10, per_device_eval_batch_size=4, save_strategy="no", **{"batch_size_target": "test", **config},
+        eval_steps=10, per_device_eval_batch_size=4, save_strategy="no", **(NORM_TEST | config),
     )  # fmt: skip
     assert dist.is_initialized() and dist.get_world_size() == spec["world_size"], dist.get_world_size()
     data = sequence_dataset(256)

@@ -19,7 +19,7 @@ from transformers import TrainerCallback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from adloco_worker import EvalProbe  # noqa: E402  (this script's folder is on sys.path)
-from helpers import sequence_dataset, tiny_model  # noqa: E402
+from helpers import NORM_TEST, sequence_dataset, tiny_model  # noqa: E402
 
 import adloco_hf.instances.merges as merging  # noqa: E402
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
@@ -125,7 +125,7 @@ def main() -> None:
             "log_level": "warning",
             "plot_run": False,
             # the norm test's requests unless the spec names a target (NORM_TEST in tests/helpers.py: they repeat)
-            "batch_size_target": "test",
+            **NORM_TEST,
             **spec["config"],
         }
     )

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from helpers import sequence_dataset, tiny_model  # noqa: E402
+from helpers import NORM_TEST, sequence_dataset, tiny_model  # noqa: E402
 
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
 
@@ -24,7 +24,7 @@ from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
 def attempt(spec: dict, item: dict) -> dict:
     # the norm test's requests unless the item names a target (NORM_TEST in tests/helpers.py: they repeat)
     config = {"use_cpu": True, "report_to": [], "disable_tqdm": True, "log_level": "warning",
-              "batch_size_target": "test", **item["config"]}  # fmt: skip
+              **NORM_TEST, **item["config"]}  # fmt: skip
     args = AdLoCoConfig(**config)
     assert dist.is_initialized() and dist.get_world_size() == spec["world_size"], dist.get_world_size()
     model_config = dict(item.get("model", {}))
