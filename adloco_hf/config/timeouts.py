@@ -28,7 +28,7 @@ below refuses the reverse before any data is built.
 from ..common.pulse import PULSE_SECONDS
 
 
-__all__ = ["DEFAULT_PEER_TIMEOUT", "check_timeouts", "resolve_peer_timeout"]
+__all__ = ["DEFAULT_PEER_TIMEOUT", "check_timeouts", "default_peer_timeout", "resolve_peer_timeout"]
 
 # A dead peer named within a minute: 45 s of silence, read every pulse period (TCP's backoff lets an outage of up to
 # 25 s pass: its retransmissions go at 0.2, 0.6, 1.4, ... 25.4 s, the next at 51 s).
@@ -37,12 +37,17 @@ DEFAULT_PEER_TIMEOUT = 45.0
 _WATCH_ABOVE_WORKER_TIMEOUT = 60.0
 
 
+def default_peer_timeout(worker_timeout: float) -> float:
+    """What `peer_timeout=None` (the default) resolves to: `DEFAULT_PEER_TIMEOUT` where `worker_timeout` is above a
+    minute, else 0 (off)."""
+    return DEFAULT_PEER_TIMEOUT if worker_timeout > _WATCH_ABOVE_WORKER_TIMEOUT else 0.0
+
+
 def resolve_peer_timeout(config) -> None:
-    """`peer_timeout=None` (the default): `DEFAULT_PEER_TIMEOUT` where `worker_timeout` is above a minute, else 0
-    (off)."""
+    """`peer_timeout=None` (the default) becomes `default_peer_timeout(worker_timeout)`: the config, its JSON and a
+    checkpoint hold the watch that ran."""
     if config.peer_timeout is None:
-        long_wait = config.worker_timeout > _WATCH_ABOVE_WORKER_TIMEOUT
-        config.peer_timeout = DEFAULT_PEER_TIMEOUT if long_wait else 0.0
+        config.peer_timeout = default_peer_timeout(config.worker_timeout)
 
 
 def check_timeouts(config) -> None:
