@@ -18,7 +18,8 @@ The library's own models, so that a benchmark predicts what a run sends and choo
 - merges: the instance table and merge plan (`Instance`, `MergePlan`, `plan_merge`) and the messages a merge sends
   (`plan_transfers`);
 - the goodput rule: `GoodputModel`, `choose_request`, and its step-time model (`StepTimeModel`, `fit_pass_seconds`);
-- the clock a worker's timings read, and the hook a virtual clock subclasses: `Clock` (`trainer.worker.clock = ...`).
+- the clock a worker's timings read, and the hook a virtual clock subclasses: `Clock` (`trainer.worker.clock = ...`);
+- the timeouts: `default_peer_timeout` (what `peer_timeout=None` resolves to for a `worker_timeout`).
 
 Formats and files the benchmarks share with the run's own output: `format_bytes`, `format_count` (the run log's units),
 `atomic_write_text`. The built-in corpus's split column: `SPLIT_COLUMN`. An error a run raises:
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from .common.distributed import WorkerTimeoutError
     from .common.files import atomic_write_text
     from .common.formats import format_bytes, format_count
+    from .config.timeouts import default_peer_timeout
     from .data.python_source import SPLIT_COLUMN
     from .instances.table import Instance, MergePlan, plan_merge
     from .instances.transfers import plan_transfers
@@ -66,6 +68,7 @@ __all__ = [
     "check_checkpoint_path",
     "checkpoints_newest_first",
     "choose_request",
+    "default_peer_timeout",
     "fit_pass_seconds",
     "format_bytes",
     "format_count",
@@ -99,6 +102,7 @@ _EXPORTS = {  # name → (module, name there): imported on first use, so a reade
     "check_checkpoint_path": (".checkpoint.manifest", "check_checkpoint_path"),
     "checkpoints_newest_first": (".checkpoint.manifest", "checkpoints_newest_first"),
     "choose_request": (".batch.goodput", "choose_request"),
+    "default_peer_timeout": (".config.timeouts", "default_peer_timeout"),
     "fit_pass_seconds": (".batch.throughput", "fit_pass_seconds"),
     "format_bytes": (".common.formats", "format_bytes"),
     "format_count": (".common.formats", "format_count"),

@@ -7,8 +7,9 @@ while a call is on the wire waits until TCP gives up (`net.ipv4.tcp_retries2`, a
 of the process waits behind it for the client's lock. Such a worker never names the others, never exits, and its
 launcher never gets to restart it or give up (issue 42's `down_for_good`).
 
-So every call goes through a watchdog: a call not answered within the bound (2 × `worker_timeout`, `BOUND_FACTOR`)
-means this machine has lost the store (its link, or the store's host, is down for longer than the run tolerates). The watchdog says so on stderr and ends
+So every call goes through a watchdog: a call not answered within the bound (2 × `worker_timeout`, `BOUND_FACTOR`,
+or `peer_timeout` where the peer watch is on and that is shorter: `common/liveness.py`) means this machine has lost
+the store (its link, or the store's host, is down for longer than the run tolerates). The watchdog says so on stderr and ends
 the process with `STORE_LOST_EXIT_CODE`, the way torch's NCCL watchdog ends a process whose collective hung: the
 launcher sees a failed worker and restarts it or gives up, as configured. None of the calls made here waits for a key
 to appear (every `get` follows a `check`), so a healthy store answers each within a round trip.
@@ -83,10 +84,10 @@ def _store_lost(rank: int, store, name: str, key: str, bound: float) -> None:
     """End the process: written with os.write (no lock of Python's to wait for: the calling thread is stuck)."""
     message = (
         f"AdLoCo: rank {rank}: the job's store ({_address(store)}) did not answer {name}({key!r}) in {bound:g} s "
-        f"({BOUND_FACTOR:g} x worker_timeout). This machine has lost the job's key-value store (its link, or the "
-        f"store's host, is down longer than worker_timeout): ending this worker with exit code {STORE_LOST_EXIT_CODE} "
-        "so that its launcher restarts it or gives up; the other workers name it after worker_timeout. If the link's "
-        "outages are expected to last longer, raise worker_timeout (docs/faults.md#timeouts).\n"
+        f"({_bound_name}). This machine has lost the job's key-value store (its link, or the store's host, is down "
+        f"longer than the run tolerates): ending this worker with exit code {STORE_LOST_EXIT_CODE} so that its "
+        f"launcher restarts it or gives up; the other workers name it after {_named_after}. If the link's outages are "
+        f"expected to last longer, raise {_raise} (docs/faults.md#timeouts).\n"
     )
     with contextlib.suppress(OSError):
         os.write(2, message.encode())
@@ -95,13 +96,18 @@ def _store_lost(rank: int, store, name: str, key: str, bound: float) -> None:
 
 _WATCHDOG = _Watchdog()
 _bound: float | None = None
+_bound_name, _named_after, _raise = f"{BOUND_FACTOR:g} x worker_timeout", "worker_timeout", "worker_timeout"
 
 
-def bound_store_calls(worker_timeout: float | None) -> None:
+def bound_store_calls(worker_timeout: float | None, peer_timeout: float = 0.0) -> None:
     """Bound every later call of the job's store (`job_store`) by `BOUND_FACTOR` × `worker_timeout` (None:
-    unbounded)."""
-    global _bound
+    unbounded), or by `peer_timeout` where it is on (> 0) and shorter: the others name this worker after
+    `peer_timeout` (`common/liveness.py`), so it ends itself about then too."""
+    global _bound, _bound_name, _named_after, _raise
     _bound = None if worker_timeout is None else BOUND_FACTOR * worker_timeout
+    _bound_name, _named_after, _raise = f"{BOUND_FACTOR:g} x worker_timeout", "worker_timeout", "worker_timeout"
+    if peer_timeout > 0 and (_bound is None or peer_timeout < _bound):
+        _bound, _bound_name, _named_after, _raise = peer_timeout, "peer_timeout", "peer_timeout", "peer_timeout"
 
 
 class BoundedStore:

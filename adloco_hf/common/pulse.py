@@ -13,10 +13,20 @@ import threading
 import time
 
 
-__all__ = ["PULSE_SECONDS", "Pulse"]
+__all__ = ["PULSE_SECONDS", "Pulse", "ended_key", "pulse_key"]
 
 PULSE_SECONDS = 1.0
-_KEY = "adloco/pulse/{rank}"
+
+
+def pulse_key(rank: int) -> str:
+    """The store key of `rank`'s counter."""
+    return f"adloco/pulse/{rank}"
+
+
+def ended_key(rank: int) -> str:
+    """The store key that says whether `rank` stopped its pulse itself ("1", the end of its training) or beats
+    ("0"): a peer watch (`common/liveness.py`) does not name a worker that ended."""
+    return f"adloco/pulse/{rank}/ended"
 
 
 class Pulse:
@@ -34,6 +44,7 @@ class Pulse:
         self._thread: threading.Thread | None = None
 
     def start(self) -> "Pulse":
+        self._store.set(ended_key(self._rank), "0")
         self._beat()  # the first beat before returning: a peer that looks now already sees this worker
         self._thread = threading.Thread(target=self._run, name="adloco-pulse", daemon=True)
         self._thread.start()
@@ -44,9 +55,13 @@ class Pulse:
         self._stopped.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+        try:
+            self._store.set(ended_key(self._rank), "1")
+        except Exception:  # the store is gone (the launcher stopped): nobody is left to read it
+            pass
 
     def _beat(self) -> None:
-        self._store.add(_KEY.format(rank=self._rank), 1)
+        self._store.add(pulse_key(self._rank), 1)
 
     def _run(self) -> None:
         while not self._stopped.wait(self.period):
@@ -61,7 +76,7 @@ class Pulse:
         ranks = sorted(set(ranks) - {self._rank})
         if not ranks:
             return []
-        before = [self._store.add(_KEY.format(rank=r), 0) for r in ranks]
+        before = [self._store.add(pulse_key(r), 0) for r in ranks]
         time.sleep(periods * self.period)
-        after = [self._store.add(_KEY.format(rank=r), 0) for r in ranks]
+        after = [self._store.add(pulse_key(r), 0) for r in ranks]
         return [r for r, b, a in zip(ranks, before, after, strict=True) if a == b]

@@ -18,6 +18,7 @@ from .compat import (
 from .field_names import refuse_unknown_fields
 from .fields import BatchFields, InstanceFields, RoundFields, WorkerFields
 from .launch import fit_instances_to_one_worker, warn_about_a_last_round_cut_short, warn_about_one_process_of_several
+from .timeouts import resolve_peer_timeout
 
 
 __all__ = ["AdLoCoConfig"]
@@ -251,6 +252,14 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             stopping with an error that names the missing ranks and the round. Keep it above the slowest round's
             spread between workers, and at most `ddp_timeout` (refused otherwise). A machine whose link dies is
             named after it: docs/faults.md#timeouts.
+        peer_timeout (`float`, *optional*, defaults to `None`):
+            Seconds a worker's pulse (a counter it moves in the job's store every second, whatever its main thread
+            does) may stand still before the workers waiting for it name it dead and end with exit code 75, so that
+            their launcher restarts the run from the newest checkpoint: a dead machine or link is named within it,
+            while a long transfer still waits up to `worker_timeout`. A link's outage shorter than half of it costs
+            nothing. `None` (the default) resolves when the config is built: 45 where `worker_timeout` is above 60,
+            else 0 (off: `worker_timeout` names a lost worker within a minute itself). At least 3 when on, and at
+            most `worker_timeout` (refused otherwise).
         max_skipped_rounds (`int`, *optional*, defaults to `3`):
             An instance that skips more than this many rounds in a row (a NaN or inf pseudo-gradient each time)
             stops the run with `SkippedRoundsError`, naming the instance, its workers and those whose loss was not
@@ -286,6 +295,7 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
 
     def __post_init__(self):
         resolve_batch_size_target(self)
+        resolve_peer_timeout(self)
         if self.eval_steps is None:  # every round (with a growing H, every longest round)
             self.eval_steps = self.max_inner_steps if self.inner_steps_rule == "outer_noise" else self.inner_steps
         if isinstance(self.max_batch_size, str) and self.max_batch_size.strip().isdigit():

@@ -249,6 +249,13 @@ class WorkerFields:
     worker_timeout: float = field(
         default=1800.0, metadata={"help": "Seconds to wait for the other workers before stopping with an error."}
     )
+    peer_timeout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds a worker's pulse may stand still before the others name it dead and end (exit 75) for "
+            "their launcher to restart them. None: 45 where worker_timeout is above 60, else 0 (off)."
+        },
+    )
     max_skipped_rounds: int | None = field(
         default=3, metadata={"help": "Stop when an instance skips more rounds than this in a row (None: never)."}
     )

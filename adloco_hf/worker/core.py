@@ -85,7 +85,8 @@ class Worker:
         self.rules_cache = rules
         self.run_log = RunLog(settings.output_dir)
         self.monitor = WorkerMonitor(settings.worker_timeout, connect=False)  # plain barriers until `start` connects
-        bound_store_calls(settings.worker_timeout)  # from this process's first store call on (common/job_store.py)
+        # from this process's first store call on (common/job_store.py)
+        bound_store_calls(settings.worker_timeout, settings.peer_timeout)
         self.preemption: Preemption | None = None
         # The clock of the step timings (`common/clock.py`): a benchmark may install a virtual one before training.
         self.clock = Clock(settings.device, synchronize=settings.steps.time_steps)
@@ -149,7 +150,9 @@ class Worker:
         destroy_process_groups_at_exit()
         self.monitor = WorkerMonitor(self.settings.worker_timeout)
         self.monitor.check("start of training")
-        self.preemption = Preemption(self.settings.preemption_grace_seconds, self.monitor.someone_ahead)
+        self.preemption = Preemption(
+            self.settings.preemption_grace_seconds, self.monitor.someone_ahead, peer_timeout=self.settings.peer_timeout
+        )
         self.preemption.install()
         if self.rank == 0:
             remove_stale_staging(self.settings.output_dir)

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from ..common.distributed import WorkerTimeoutError, stop_waiting_for_workers
 from ..common.job_store import job_store
+from ..common.liveness import PeerWatch
 from ..common.pulse import Pulse
 
 
@@ -78,8 +79,11 @@ class Preemption:
         reached_round_end: tells whether any worker has entered the current round's end (then nobody waits for it).
     """
 
-    def __init__(self, grace_seconds: float, reached_round_end: Callable[[], bool] = lambda: False):
+    def __init__(
+        self, grace_seconds: float, reached_round_end: Callable[[], bool] = lambda: False, peer_timeout: float = 0.0
+    ):
         self.grace_seconds = grace_seconds
+        self.peer_timeout = peer_timeout  # > 0: a peer watch names a dead worker after it (`common/liveness.py`)
         self._reached_round_end = reached_round_end
         self.signal_name: str | None = None  # the first signal received by this worker
         self.stop_step: int | None = None  # the step every worker stops at, once agreed
@@ -90,6 +94,7 @@ class Preemption:
         self._step_seconds: float | None = None
         self._store = None
         self._pulse: Pulse | None = None
+        self._watch: PeerWatch | None = None
 
     # ---- signals ----
     def install(self) -> None:
@@ -102,10 +107,15 @@ class Preemption:
             self._store = job_store()
         if self._store is not None:
             self._pulse = Pulse(self._store, dist.get_rank()).start()
+            if self.peer_timeout > 0:
+                self._watch = PeerWatch(self._store, dist.get_rank(), dist.get_world_size(), self.peer_timeout).start()
         for signum in (signal.SIGTERM, signal.SIGINT):
             self._previous[signum] = signal.signal(signum, self._handle)
 
     def uninstall(self) -> None:
+        if self._watch is not None:  # before the pulse: a peer that ends first is not taken for a dead one
+            self._watch.stop()
+            self._watch = None
         if self._pulse is not None:
             self._pulse.stop()
             self._pulse = None

@@ -81,6 +81,7 @@ class WorkerSettings:
     processes_per_worker: int  # G
     worker_parallelism: str  # "ddp" or "fsdp" inside a worker of G > 1 processes
     worker_timeout: float
+    peer_timeout: float  # 0: off (`common/liveness.py`)
     preemption_grace_seconds: float
     # the run: where it writes, its seed and device (the Trainer's settings)
     output_dir: str
@@ -103,6 +104,7 @@ class WorkerSettings:
             processes_per_worker=int(args.processes_per_worker or 1),
             worker_parallelism=args.worker_parallelism,
             worker_timeout=args.worker_timeout,
+            peer_timeout=float(args.peer_timeout or 0.0),
             preemption_grace_seconds=args.preemption_grace_seconds,
             output_dir=args.output_dir,
             seed=args.seed,

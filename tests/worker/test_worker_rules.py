@@ -44,10 +44,15 @@ def test_one_process_per_worker_is_a_whole_replica(tmp_path):
 
 def test_a_worker_bounds_its_store_calls_by_twice_its_worker_timeout_from_its_creation(tmp_path):
     """The trainer builds its worker before its first store call (`watch_exit`): from there every call to the job's
-    store is bounded (common/job_store.py), by twice the run's `worker_timeout`."""
+    store is bounded (common/job_store.py), by twice the run's `worker_timeout`, or by `peer_timeout` where the peer
+    watch is on (common/liveness.py: the others name this worker after it)."""
     from adloco_hf.common import job_store
 
-    worker(tmp_path, worker_timeout=12.0, ddp_timeout=12)
+    worker(tmp_path, worker_timeout=12.0, ddp_timeout=12)  # the watch off: worker_timeout names within a minute
     assert job_store._bound == 24.0
     worker(tmp_path, worker_timeout=40.0, ddp_timeout=40)  # a second run of the process: its own bound
     assert job_store._bound == 80.0
+    built = worker(tmp_path)  # the defaults: worker_timeout 1800, the watch on at 45 s
+    assert job_store._bound == 45.0 and built.settings.peer_timeout == 45.0
+    worker(tmp_path, peer_timeout=0)
+    assert job_store._bound == 3600.0

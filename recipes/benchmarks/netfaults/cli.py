@@ -6,11 +6,12 @@ import argparse
 import os
 import time
 
+from adloco_hf.inspection import default_peer_timeout
 from recipes.benchmarks.fault_soak import Progress, thin_timeline
 from recipes.benchmarks.netfaults.driver import Watched, run_scenario
 from recipes.benchmarks.netfaults.measure import round_figures, summary, work_lost
 from recipes.benchmarks.netfaults.report import check_targets, format_report, plot, write_doc
-from recipes.benchmarks.netfaults.scenarios import CONFIG, SCENARIO_NAMES, Scenario, scenarios
+from recipes.benchmarks.netfaults.scenarios import CONFIG, SCENARIO_NAMES, TIMEOUT_KEYS, Scenario, scenarios
 from recipes.benchmarks.toolkit.machines import machine_info
 from recipes.benchmarks.toolkit.options import chosen_names
 from recipes.benchmarks.toolkit.paths import RESULTS
@@ -73,9 +74,17 @@ def timeouts(worker_timeout: float) -> dict:
     return {"worker_timeout": worker_timeout, "ddp_timeout": int(-(-worker_timeout // 1))}
 
 
+def run_timeouts(config: dict) -> dict:
+    """A run's worker_timeout, ddp_timeout and the peer_timeout its AdLoCoConfig resolves (`config/timeouts.py`)."""
+    peer = config.get("peer_timeout")
+    if peer is None:
+        peer = default_peer_timeout(config["worker_timeout"])
+    return {"worker_timeout": config["worker_timeout"], "ddp_timeout": config["ddp_timeout"], "peer_timeout": peer}
+
+
 def _same_run(config: dict, other: dict | None) -> bool:
     """The timeouts do not change what an uninterrupted run computes: a reference is kept across them."""
-    drop = ("worker_timeout", "ddp_timeout")
+    drop = TIMEOUT_KEYS
     return other is not None and {k: v for k, v in config.items() if k not in drop} == {
         k: v for k, v in other.items() if k not in drop
     }
@@ -119,7 +128,7 @@ def scenario_result(scenario: Scenario, watched: Watched, ref: dict, config: dic
         "expect": scenario.expect,
         "bandwidth": scenario.bandwidth,
         "config": scenario.config,
-        "timeouts": {k: config[k] for k in ("worker_timeout", "ddp_timeout")},
+        "timeouts": run_timeouts({**config, **scenario.config}),
         "seconds": round(watched.ended - watched.started, 1),
         **summary(
             events=watched.events,

@@ -19,8 +19,9 @@ from collections.abc import Sequence
 
 __all__ = ["NAMED", "detection", "fault_window", "first_step_after", "round_figures", "summary", "work_lost"]
 
-# What the library prints when it names a lost worker (`common/distributed.py`, `common/pulse.py`).
-NAMED = ("WorkerTimeoutError",)
+# What the library prints when it names a lost worker (`common/distributed.py`, `worker/preemption.py`; the peer
+# watch, `common/liveness.py`: "worker rank(s) 3 gave no pulse for 45 s").
+NAMED = ("WorkerTimeoutError", "gave no pulse")
 _FAULTS = ("cut", "partition", "slow")
 _UNDO = {"cut": "restore", "partition": "heal", "slow": "unslow"}
 

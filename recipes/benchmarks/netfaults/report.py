@@ -158,7 +158,8 @@ def doc_section(report: dict) -> str:
         table(rows(results), COLUMNS),
         "",
         f"{settings['workers']} machines at {settings['bandwidth']} per link, worker_timeout "
-        f"{settings['worker_timeout']:g} s, ddp_timeout {settings['ddp_timeout']:g} s, a checkpoint every "
+        f"{settings['worker_timeout']:g} s, ddp_timeout {settings['ddp_timeout']:g} s (the peer watch off; "
+        "`*_defaults`: the library's default timeouts, worker_timeout 1800 s and peer_timeout 45 s), a checkpoint every "
         f"{settings['save_steps']} steps; {len(results)} scenarios, "
         f"{sum(c['holds'] for c in report['checks'])} of {len(report['checks'])} targets hold.",
     ]

@@ -164,20 +164,16 @@ TINY_STEPS = [s.name for s in gpu_bench.STEPS if s.name not in ("throughput-300m
 ISOLATED = "growing-batch"  # the step run again in its own process (the cheapest at tiny scale)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """The whole benchmark at tiny scale on the CPU, once for this module's tests: `gpu_bench.main --tiny` in this
-    process (a process of its own would import torch and transformers again: ~10 s on 2 cores), every step's code
-    with its launches of 2 workers (`accelerate launch`, gloo). MicroLlama's throughput step and the second seed are
-    the same code as the 50 M step and the first seed, left out to save time. The tests below read its files."""
+def run_tiny(root, steps: list[str]) -> dict:
+    """`gpu_bench.main --tiny` on `steps` in this process (a process of its own would import torch and transformers
+    again: ~10 s on 2 cores), every step's code with its launches of 2 workers (`accelerate launch`, gloo)."""
     import torch
     import transformers
 
-    root = tmp_path_factory.mktemp("gpu_bench")
     folder, doc = root / "results" / "cpu-2026-01-01", root / "gpu.md"
     doc.write_text("# GPU\n\nText before the generated section stays.\n")
     argv = ["--tiny", "--results_dir", str(folder), "--doc", str(doc), "--cache_dir", str(root / "cache"),
-            "--steps", *TINY_STEPS]  # fmt: skip
+            "--steps", *steps]  # fmt: skip
     threads, verbosity = torch.get_num_threads(), transformers.logging.get_verbosity()
     on_sigterm = signal.getsignal(signal.SIGTERM)
     try:  # main and the steps set this process's threads, logging and SIGTERM as in their own process: restored
@@ -186,23 +182,49 @@ def tiny(tmp_path_factory):
         torch.set_num_threads(threads)
         transformers.logging.set_verbosity(verbosity)
         signal.signal(signal.SIGTERM, on_sigterm)
-    results = {step: json.loads((folder / f"{step}.json").read_text()) for step in TINY_STEPS if
+    results = {step: json.loads((folder / f"{step}.json").read_text()) for step in steps if
                (folder / f"{step}.json").exists()}  # fmt: skip
-    return {"code": code, "folder": folder, "doc": doc, "root": root, "argv": argv, "results": results}
+    return {"code": code, "folder": folder, "doc": doc, "root": root, "argv": argv, "results": results, "steps": steps}
 
 
-@pytest.mark.multiprocess
-def test_the_tiny_benchmark_runs_every_step_into_its_folder(tiny):
-    folder = tiny["folder"]
-    assert tiny["code"] == 0 and sorted(tiny["results"]) == sorted(TINY_STEPS)
-    for step in TINY_STEPS:
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The whole benchmark at tiny scale on the CPU (about 4 minutes on 2 cores: `make test-slow`), once for this
+    module's slow tests. MicroLlama's throughput step and the second seed are the same code as the 50 M step and the
+    first seed, left out to save time. The tests below read its files."""
+    return run_tiny(tmp_path_factory.mktemp("gpu_bench"), TINY_STEPS)
+
+
+@pytest.fixture(scope="module")
+def tiny_fast(tmp_path_factory):
+    """The benchmark's driver at tiny scale on its cheapest step (`growing-batch`, about 20 s), for `make test`: the
+    same main, folder, runs file, plots, tables and later runs as the whole benchmark (`tiny`, `make test-slow`)."""
+    return run_tiny(tmp_path_factory.mktemp("gpu_bench_fast"), [ISOLATED])
+
+
+def check_every_step_ran_into_its_folder(run: dict) -> None:
+    folder, steps = run["folder"], run["steps"]
+    assert run["code"] == 0 and sorted(run["results"]) == sorted(steps)
+    for step in steps:
         assert (folder / f"{step}.png").stat().st_size > 1000, step
-        assert tiny["results"][step]["data_seconds"] > 0 and tiny["results"][step]["bench_version"] == 2
+        assert run["results"][step]["data_seconds"] > 0 and run["results"][step]["bench_version"] == 2
     runs = json.loads((folder / "runs.json").read_text())
-    assert [run["step"] for run in runs] == TINY_STEPS and all(run["done"] for run in runs)
+    assert [r["step"] for r in runs] == steps and all(r["done"] for r in runs)
     assert (folder / "README.md").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_the_tiny_benchmark_runs_every_step_into_its_folder(tiny):
+    check_every_step_ran_into_its_folder(tiny)
+
+
+@pytest.mark.multiprocess
+def test_the_tiny_benchmark_runs_its_cheapest_step_into_its_folder(tiny_fast):
+    check_every_step_ran_into_its_folder(tiny_fast)
+
+
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_the_tiny_headline_runs_the_three_methods_for_the_same_seconds(tiny):
     headline = tiny["results"]["headline"]
@@ -221,6 +243,7 @@ def test_the_tiny_headline_runs_the_three_methods_for_the_same_seconds(tiny):
     assert headline["budget_tokens"] == int(0.95 * headline["train_tokens"])
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_the_tiny_throughput_rows_cover_every_variant_and_data_setting(tiny):
     rows = tiny["results"]["throughput-50m"]["rows"]
@@ -242,11 +265,16 @@ def test_the_tiny_throughput_rows_cover_every_variant_and_data_setting(tiny):
 
 
 @pytest.mark.multiprocess
-def test_the_tiny_growing_batch_and_workers_steps(tiny):
-    grow = tiny["results"]["growing-batch"]
+def test_the_tiny_growing_batch_step(tiny_fast):
+    grow = tiny_fast["results"]["growing-batch"]
     assert grow["grown"]["final_batch"] > 2 and len(grow["grown"]["sizes"]) >= 2
     assert grow["grown"]["compiled_is_used"] and grow["grown"]["graphs"] >= 2  # a new size, a new graph
     assert grow["fixed"]["tokens_per_second"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_the_tiny_workers_step(tiny):
     runs = tiny["results"]["workers"]["runs"]
     assert [(r["name"], r["world_size"]) for r in runs] == [("diloco, 2 workers", 2), ("diloco, 1 worker", 1),
                                                              ("diloco_int4", 2)]  # fmt: skip
@@ -254,6 +282,18 @@ def test_the_tiny_growing_batch_and_workers_steps(tiny):
     assert runs[2]["comm_bytes"] < runs[0]["comm_bytes"]  # int4 sends fewer bytes than bf16
 
 
+@pytest.mark.multiprocess
+def test_the_tiny_benchmark_writes_the_table_of_its_step(tiny_fast):
+    doc, root = tiny_fast["doc"], tiny_fast["root"]
+    text = doc.read_text()
+    assert text.startswith("# GPU\n\nText before the generated section stays.\n")
+    section = text.split(gpu_report.BEGIN)[1].split(gpu_report.END)[0]
+    assert "(b) Growing batch" in section and "Targets" in section and "data ready" in section
+    for link in [part.split(")")[0] for part in section.split("](")[1:]]:
+        assert (root / link).exists(), link
+
+
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_the_tiny_benchmark_writes_its_tables(tiny):
     doc, root = tiny["doc"], tiny["root"]
@@ -275,12 +315,17 @@ def test_the_tiny_benchmark_writes_its_tables(tiny):
 
 
 @pytest.mark.multiprocess
-def test_a_later_run_runs_only_the_missing_step_in_its_own_process(tiny, tmp_path):
+@pytest.mark.parametrize(
+    "which", [pytest.param("tiny", marks=pytest.mark.slow), "tiny_fast"], ids=["every_step", "cheapest_step"]
+)
+def test_a_later_run_runs_only_the_missing_step_in_its_own_process(which, request, tmp_path):
     """On a copy of the tiny results: a later run skips the steps whose results exist and runs the missing one,
     alone, in its own process (as every step runs on a GPU); the others' files stay as they were. Then `--table`
     regenerates the section from the files alone."""
     import shutil
 
+    tiny = request.getfixturevalue(which)
+    TINY_STEPS = tiny["steps"]  # noqa: N806 - the steps of the run copied
     folder, doc = tmp_path / "results" / "cpu-2026-01-01", tmp_path / "gpu.md"
     shutil.copytree(tiny["folder"], folder)
     doc.write_text("# GPU\n\nText before the generated section stays.\n")
