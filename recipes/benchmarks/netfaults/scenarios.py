@@ -199,6 +199,14 @@ def _scenarios(worker_timeout: float) -> list[Scenario]:
             config=DEFAULT_TIMEOUTS,
         ),
         Scenario(
+            "store_host_down_defaults",
+            "worker 0's link (the rendezvous and store host) down 60 s mid-round 5, then back, under the default "
+            "timeouts",
+            (Action("cut", (0,), When("step", 45)), Action("restore", (0,), When("previous", delay=60.0))),
+            expect="restart",
+            config=DEFAULT_TIMEOUTS,
+        ),
+        Scenario(
             "store_host_down",
             f"worker 0's link (the rendezvous and store host) down {long:g} s mid-round 5, then back",
             (Action("cut", (0,), When("step", 45)), Action("restore", (0,), When("previous", delay=long))),

@@ -218,3 +218,26 @@ def test_machine_0_hosts_the_torchrun_rendezvous_and_every_machine_runs_in_its_n
     )
     static = machine_command(PLAN, 1, "accelerate", "{}", 29500, "run")
     assert static[static.index("--max_restarts") + 1] == "3" and static[static.index("--machine_rank") + 1] == "1"
+
+
+def test_the_defaults_scenarios_run_the_librarys_default_timeouts_and_share_the_reference_run():
+    from recipes.benchmarks.netfaults.cli import run_timeouts
+
+    table = netfaults.scenarios(30.0)
+    defaults = [s for name, s in table.items() if name.endswith("_defaults")]
+    assert {s.name for s in defaults} >= {"down_then_back_defaults", "flapping_defaults", "store_host_down_defaults"}
+    for scenario in defaults:
+        assert run_timeouts({"worker_timeout": 30.0, "ddp_timeout": 30, **scenario.config}) == {
+            "worker_timeout": 1800.0,
+            "ddp_timeout": 1800,
+            "peer_timeout": 45.0,  # what AdLoCoConfig resolves
+        }
+        plain = table[scenario.name.removesuffix("_defaults")]
+        assert scenario.reference_key == plain.reference_key  # the timeouts do not change what a run computes
+        assert [a.kind for a in scenario.actions] == [a.kind for a in plain.actions]
+    assert run_timeouts({"worker_timeout": 30.0, "ddp_timeout": 30})["peer_timeout"] == 0.0  # the watch off
+
+
+def test_the_peer_watch_line_names_a_lost_worker():
+    lines = [(100.0, 1, "training"), (146.0, 0, "AdLoCo: rank 0: worker rank(s) 2 gave no pulse for 45 s ...")]
+    assert netfaults.detection(lines, 100.0) == (146.0, 0, lines[1][2])
