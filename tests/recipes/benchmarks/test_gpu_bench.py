@@ -283,23 +283,25 @@ def test_the_tiny_workers_step(tiny):
 
 
 @pytest.mark.multiprocess
-def test_the_tiny_benchmark_writes_the_table_of_its_step(tiny_fast):
-    doc, root = tiny_fast["doc"], tiny_fast["root"]
-    text = doc.read_text()
+def generated_section(run: dict) -> str:
+    """The doc's generated section, after checking that the text before it stayed and that its links resolve."""
+    text = run["doc"].read_text()
     assert text.startswith("# GPU\n\nText before the generated section stays.\n")
     section = text.split(gpu_report.BEGIN)[1].split(gpu_report.END)[0]
-    assert "(b) Growing batch" in section and "Targets" in section and "data ready" in section
     for link in [part.split(")")[0] for part in section.split("](")[1:]]:
-        assert (root / link).exists(), link
+        assert (run["root"] / link).exists(), link
+    return section
+
+
+def test_the_tiny_benchmark_writes_the_table_of_its_step(tiny_fast):
+    section = generated_section(tiny_fast)
+    assert "(b) Growing batch" in section and "Targets" in section and "data ready" in section
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_the_tiny_benchmark_writes_its_tables(tiny):
-    doc, root = tiny["doc"], tiny["root"]
-    text = doc.read_text()
-    assert text.startswith("# GPU\n\nText before the generated section stays.\n")
-    section = text.split(gpu_report.BEGIN)[1].split(gpu_report.END)[0]
+    section = generated_section(tiny)
     for title in (
         "(a) Throughput",
         "(b) Growing batch",
@@ -310,8 +312,6 @@ def test_the_tiny_benchmark_writes_its_tables(tiny):
         "data ready",
     ):
         assert title in section, title
-    for link in [part.split(")")[0] for part in section.split("](")[1:]]:
-        assert (root / link).exists(), link
 
 
 @pytest.mark.multiprocess
