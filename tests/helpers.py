@@ -264,7 +264,13 @@ def _launch_env(env: dict | None) -> dict:
 
 
 def run_launch(
-    command: list[str], *, timeout: int = 300, env: dict | None = None, check: bool = True, warm: bool = False
+    command: list[str],
+    *,
+    timeout: int = 300,
+    env: dict | None = None,
+    check: bool = True,
+    warm: bool = False,
+    zygote: "warm_launch.Zygote | None" = None,
 ) -> WorkersResult:
     """Run a launcher's command line (`launch_command`'s, or torchrun's own) as every test launch runs: from the
     repository root with it and `tests/` on `PYTHONPATH` (worker scripts import `helpers`), one OpenMP thread each,
@@ -272,7 +278,8 @@ def run_launch(
 
     `warm`: the same launcher and command line, run by the session's launch server (`warm_launch.py`: the launcher
     and its workers are forked with the library imported, about 4 s less per launch on 2 cores), unless
-    `ADLOCO_TEST_LAUNCH=cold` asks every launch to start from scratch."""
+    `ADLOCO_TEST_LAUNCH=cold` asks every launch to start from scratch. `zygote`: another launch server than the
+    session's (`new_zygote`)."""
     env = _launch_env(env)
     if not warm or os.environ.get("ADLOCO_TEST_LAUNCH") == "cold":
         return run_workers(
@@ -282,7 +289,7 @@ def run_launch(
     full_env = testing._worker_env(env, pythonpath=[REPO, TESTS], threads=1)
     with tempfile.NamedTemporaryFile("r", suffix=".log", prefix="launch-", encoding="utf-8", errors="replace") as log:
         start = time.perf_counter()
-        returncode, timed_out = _zygote().launch(
+        returncode, timed_out = (zygote or _zygote()).launch(
             command[2:], env=full_env, cwd=REPO, log=log.name, timeout=timeout, kill_grace=testing.KILL_GRACE_SECONDS
         )
         result = WorkersResult(
@@ -301,10 +308,15 @@ def run_launch(
 _ZYGOTE: list = []
 
 
+def new_zygote() -> "warm_launch.Zygote":
+    """A launch server as the session's (`close()` it when done)."""
+    return warm_launch.Zygote(testing._worker_env(_launch_env(None), pythonpath=[REPO, TESTS]), REPO)
+
+
 def _zygote() -> "warm_launch.Zygote":
     """The test session's launch server, started at the first warm launch (again if it died), stopped at exit."""
     if not _ZYGOTE or not _ZYGOTE[0].alive():
-        _ZYGOTE[:] = [warm_launch.Zygote(testing._worker_env(_launch_env(None), pythonpath=[REPO, TESTS]), REPO)]
+        _ZYGOTE[:] = [new_zygote()]
         atexit.register(_ZYGOTE[0].close)
     return _ZYGOTE[0]
 

@@ -16,6 +16,12 @@ test session; a launch is then:
    line-buffered output, its own session as `start_new_session=True` gives, the atexit hooks at its end, the exit
    code of its `SystemExit`, or 1 after a traceback.
 
+A fork keeps its parent's signal handlers where `exec` resets them, so each forked process sets its own as an executed
+one would find them ([`as_executed`]): a signal its parent ignored stays ignored (as under `nohup`, or in a background
+job, which ignores SIGINT), every other one is back to its default, then Python's own start-up (SIGINT raises
+`KeyboardInterrupt`, SIGPIPE and SIGXFSZ ignored). The launcher's parent is the test process (its dispositions travel
+with the request), a worker's is the elastic agent.
+
 `tests/test_warm_launch.py` checks a warm worker against a fresh one, for each way a worker can end.
 
 What is not the same as a fresh interpreter, and so where a test launches the command itself (`warm=False` in
@@ -42,7 +48,7 @@ import time
 import traceback
 
 
-__all__ = ["PRELOAD", "ForkedWorker", "Zygote"]
+__all__ = ["PRELOAD", "ForkedWorker", "Zygote", "as_executed", "ignored_signals"]
 
 # What the zygote imports before it forks (a module that fails to import is left to the worker, which then imports
 # it itself). `helpers` is the test suite's module (tests/ is on PYTHONPATH).
@@ -62,6 +68,32 @@ PRELOAD = [
 ]
 # The launchers a command may name (`python -m <launcher> ...`), as `adloco_hf.testing.launch_command` writes them.
 LAUNCHERS = ("accelerate.commands.launch", "torch.distributed.run")
+
+
+# What `exec` does to signal dispositions, for each signal a process may handle (SIGKILL and SIGSTOP cannot be).
+_SIGNALS = sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP})
+# `Popen(restore_signals=True)` resets these to their defaults before `exec`, and Python's start-up ignores them again.
+_PYTHON_IGNORES = (signal.SIGPIPE, signal.SIGXFSZ)
+
+
+def ignored_signals() -> list[int]:
+    """The signals this process ignores (`SIG_IGN`), which a program it executes would find ignored too."""
+    return [int(sig) for sig in _SIGNALS if sig not in _PYTHON_IGNORES and signal.getsignal(sig) == signal.SIG_IGN]
+
+
+def as_executed(ignored: list[int]) -> None:
+    """Set this forked process's signal dispositions to those of a Python program executed by a parent that ignored
+    `ignored` (`ignored_signals()` of the parent): those stay ignored, every other signal is back to its default, then
+    what Python's start-up sets (SIGINT raises `KeyboardInterrupt` unless ignored; SIGPIPE, SIGXFSZ ignored)."""
+    for sig in _SIGNALS:
+        try:
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+        except OSError:  # a signal the C library keeps for itself (the real-time ones a thread library uses)
+            pass
+    for sig in _PYTHON_IGNORES:
+        signal.signal(sig, signal.SIG_IGN)
+    if signal.SIGINT not in ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _run_as_main(run) -> int:
@@ -88,13 +120,15 @@ def _run_as_main(run) -> int:
     return code
 
 
-def _run_worker(args: tuple, env: dict[str, str], stdout: str | None, stderr: str | None) -> int:
-    """In a forked process: what `python -u [-m] target args...` (`args`, from the agent) would do, with `env`."""
+def _run_worker(args: tuple, env: dict[str, str], stdout: str | None, stderr: str | None, ignored: list[int]) -> int:
+    """In a forked process: what `python -u [-m] target args...` (`args`, from the agent, which ignored the signals
+    `ignored`) would do, with `env`."""
     argv = [a for a in args[1:] if a != "-u"]
     module = argv[0] == "-m"
     if module:
         argv = argv[1:]
     os.setsid()  # as Popen(start_new_session=True): the agent signals the worker's group
+    as_executed(ignored)
     for target, path in ((1, stdout), (2, stderr)):
         if path is not None:  # the agent's --redirects / --log-dir files
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -154,8 +188,9 @@ class WorkerForks:
                         os.close(write)
                         conn.close()
                         code = _run_worker(
-                            tuple(request["args"]), request["env"], request["stdout"], request["stderr"]
-                        )
+                            tuple(request["args"]), request["env"], request["stdout"], request["stderr"],
+                            request["ignored"],
+                        )  # fmt: skip
                     else:
                         os.write(write, f"{worker}\n".encode())
                         code = 0
@@ -169,7 +204,10 @@ class WorkerForks:
 
     def spawn(self, args: tuple, env: dict[str, str], stdout: str | None, stderr: str | None) -> int:
         with self._lock:
-            message = {"args": [str(a) for a in args], "env": env, "stdout": stdout, "stderr": stderr}
+            message = {
+                "args": [str(a) for a in args], "env": env, "stdout": stdout, "stderr": stderr,
+                "ignored": ignored_signals(),  # the agent's, in the agent's process: what its `Popen` would pass on
+            }  # fmt: skip
             self._conn.sendall((json.dumps(message) + "\n").encode())
             return int(_read_line(self._conn))
 
@@ -270,6 +308,7 @@ def serve(address: str) -> None:
                 os.chdir(request["cwd"])
                 os.environ.clear()
                 os.environ.update(request["env"])
+                as_executed(request["ignored"])  # the test process's, not the zygote's from its start
                 _FORKS.append(WorkerForks())  # while this process is still single-threaded
                 code = _run_as_main(lambda argv=request["argv"]: _launch(argv))
             finally:
@@ -330,7 +369,8 @@ class Zygote:
         then SIGKILL `kill_grace` seconds later (as `adloco_hf.testing.run_workers` does)."""
         with socket.socket(socket.AF_UNIX) as conn:
             conn.connect(self.address)
-            conn.sendall((json.dumps({"argv": argv, "env": env, "cwd": cwd, "log": log}) + "\n").encode())
+            request = {"argv": argv, "env": env, "cwd": cwd, "log": log, "ignored": ignored_signals()}
+            conn.sendall((json.dumps(request) + "\n").encode())
             buffer = bytearray()
             pid = int(_read_line(conn, buffer))
             deadline = time.monotonic() + timeout
