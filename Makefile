@@ -7,7 +7,8 @@ TORCH_VERSION := 2.13.0
 PYTEST_ARGS ?= --durations=25
 # `make test` and `make test-versions` run one pytest process per core (pytest-xdist, at most 4), each test file whole
 # in one of them (a file's module fixtures and its network namespaces stay in one process). Most of the suite is
-# launches that wait on their workers: on 2 cores two processes took 1006 and 1154 s where one took 1418 and 1432 s.
+# launches: on 2 cores two processes took 1006, 1154 and 1101 s (the last on a fresh clone, CI=true) where one took
+# 1418 and 1432 s (fresh clones); both cores are then busy (vmstat: 0-2 % idle), so more processes would not help.
 # XDIST= runs everything in one process.
 XDIST ?= -n auto --maxprocesses=4 --dist loadfile
 # transformers and accelerate (adloco_hf/common/versions.py holds all three sets): `make install` installs the
