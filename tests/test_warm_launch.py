@@ -85,5 +85,6 @@ def test_a_launch_server_started_while_signals_were_ignored_does_not_pass_them_o
         zygote.close()
     cold = _launch(tmp_path, "return", warm=False)
     assert warm["seen"] == cold["seen"], _differing(warm, cold)
+    assert warm["seen"][0]["env"]["WORLD_SIZE"] == "2" and warm["seen"][1]["env"]["RANK"] == "1"
     assert warm["seen"][1]["signals"]["SIGINT"] == repr(signal.default_int_handler)
     assert warm["seen"][1]["signals"]["SIGHUP"] == repr(signal.SIG_DFL)
