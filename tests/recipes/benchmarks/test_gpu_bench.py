@@ -282,7 +282,6 @@ def test_the_tiny_workers_step(tiny):
     assert runs[2]["comm_bytes"] < runs[0]["comm_bytes"]  # int4 sends fewer bytes than bf16
 
 
-@pytest.mark.multiprocess
 def generated_section(run: dict) -> str:
     """The doc's generated section, after checking that the text before it stayed and that its links resolve."""
     text = run["doc"].read_text()
@@ -293,6 +292,7 @@ def generated_section(run: dict) -> str:
     return section
 
 
+@pytest.mark.multiprocess
 def test_the_tiny_benchmark_writes_the_table_of_its_step(tiny_fast):
     section = generated_section(tiny_fast)
     assert "(b) Growing batch" in section and "Targets" in section and "data ready" in section
