@@ -17,14 +17,30 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import file_seconds  # noqa: E402  (tests/, on the path from here)
+
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items[:] = file_seconds.longest_files_first(items, file_seconds.load())
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_configure(config):
+    file_seconds.start_recording()
+
+
+def pytest_runtest_logreport(report):
+    file_seconds.add(report)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    file_seconds.write()
 
 
 @pytest.fixture
@@ -47,24 +63,29 @@ def records(caplog, monkeypatch):
 def resume_reference(tmp_path_factory) -> str:
     """The output folder of the resume tests' uninterrupted run (`helpers.RESUME_CONFIG`, 2 workers, attention dropout
     0.1, `scripts/adloco_worker.py`): launched once per session, shared by every test that compares a stopped and
-    resumed run with it (read only)."""
+    resumed run with it (read only). Built once per test run, also under pytest-xdist (`built_once`)."""
     import json
 
+    from built_once import built_once
     from helpers import RESUME_CONFIG, SCRIPTS, launch, worker_spec
 
-    root = tmp_path_factory.mktemp("resume-reference")
-    out = str(root / "out")
-    spec = worker_spec(out, root / "probe", 2, RESUME_CONFIG, dropout=0.1)
-    launch(os.path.join(SCRIPTS, "adloco_worker.py"), json.dumps(spec), num_processes=2, timeout=300)
-    return out
+    def build(root):
+        spec = worker_spec(str(root / "out"), root / "probe", 2, RESUME_CONFIG, dropout=0.1)
+        launch(os.path.join(SCRIPTS, "adloco_worker.py"), json.dumps(spec), num_processes=2, timeout=300)
+
+    return str(built_once(tmp_path_factory, "resume-reference", build) / "out")
 
 
 @pytest.fixture(scope="session")
 def two_by_two_ddp(tmp_path_factory):
     """(output folder, probe folder) of `helpers.TWO_BY_TWO` with DDP inside each worker (`scripts/adloco_worker.py`,
     4 processes): launched once, read by test_worker_processes.py's checks and compared with FSDP's run of the same
-    config in test_worker_fsdp.py."""
+    config in test_worker_fsdp.py. Built once per test run, also under pytest-xdist (`built_once`)."""
+    from built_once import built_once
     from helpers import SCRIPTS, TWO_BY_TWO, launch_run
 
-    return launch_run(os.path.join(SCRIPTS, "adloco_worker.py"), tmp_path_factory.mktemp("two-by-two"), TWO_BY_TWO,
-                      world_size=4, name="ddp")  # fmt: skip
+    def build(root):
+        launch_run(os.path.join(SCRIPTS, "adloco_worker.py"), root, TWO_BY_TWO, world_size=4, name="ddp")
+
+    root = built_once(tmp_path_factory, "two-by-two", build)
+    return str(root / "ddp"), root / "probe-ddp"
