@@ -9,6 +9,7 @@ PYTEST_ARGS ?= --durations=25
 # in one of them (a file's module fixtures and its network namespaces stay in one process). Most of the suite is
 # launches: on 2 cores two processes took 1006, 1154 and 1101 s (the last on a fresh clone, CI=true) where one took
 # 1418 and 1432 s (fresh clones); both cores are then busy (vmstat: 0-2 % idle), so more processes would not help.
+# Files go longest first (tests/file_seconds.json): 576 s on a fresh clone where the commit before took 609 s the same day.
 # XDIST= runs everything in one process.
 XDIST ?= -n auto --maxprocesses=4 --dist loadfile
 # transformers and accelerate (adloco_hf/common/versions.py holds all three sets): `make install` installs the
