@@ -20,11 +20,8 @@ DONE = ".built"
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
     """The folder `name`, filled by `build(folder)` once per test run (per process without xdist)."""
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        folder = tmp_path_factory.mktemp(name)
-        build(folder)
-        return folder
-    folder = tmp_path_factory.getbasetemp().parent / name
+    base = tmp_path_factory.getbasetemp()
+    folder = (base if os.environ.get("PYTEST_XDIST_WORKER") is None else base.parent) / name
     with open(f"{folder}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when `build` raises
         if (folder / DONE).exists():
