@@ -43,6 +43,23 @@ def pytest_sessionfinish(session, exitstatus):
     file_seconds.write()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def profile_cache(tmp_path_factory):
+    """The goodput rule's startup profiles (`batch/profile_cache.py`) are kept in a folder of this test run, shared by
+    its xdist processes (as `built_once`'s folders are) and by every run the tests launch, never in the user's
+    ~/.cache: runs of one configuration then decide from the same profile, as a user's second run does."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base if os.environ.get("PYTEST_XDIST_WORKER") is None else base.parent) / "adloco-cache"
+    folder.mkdir(exist_ok=True)
+    saved = os.environ.get("ADLOCO_HF_CACHE")
+    os.environ["ADLOCO_HF_CACHE"] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop("ADLOCO_HF_CACHE", None)
+    else:
+        os.environ["ADLOCO_HF_CACHE"] = saved
+
+
 @pytest.fixture
 def records(caplog, monkeypatch):
     """Records of adloco_hf's loggers, each once. They hang under the `transformers` logger, which does not propagate

@@ -199,12 +199,14 @@ class StepClock(Clock):
     """A deterministic clock for the step timings of `batch_size_target="goodput"` (installed as `Worker.clock`, the
     library's hook, `common/clock.py`): a forward/backward pass of n samples takes `per_pass + per_sample × n`
     seconds, the rest of a step `per_step`, an outer step `per_round` (a list: round k's outer step takes item
-    k mod its length, so that the averages depend on their history). A run timed by it takes the same decisions every
-    time, so a resumed run can be compared with an uninterrupted one."""
+    k mod its length, so that the averages depend on their history), the startup profile's all-reduce of b bytes
+    per worker among M a ring of 2 (M − 1) steps of `per_hop` + b / M × `per_byte`. A run timed by it takes the same
+    decisions every time, so a resumed run can be compared with an uninterrupted one."""
 
-    def __init__(self, per_step=0.005, per_pass=0.01, per_sample=0.002, per_round=0.5):
+    def __init__(self, per_step=0.005, per_pass=0.01, per_sample=0.002, per_round=0.5, per_hop=1e-3, per_byte=1e-7):
         super().__init__()
         self.per_step, self.per_pass, self.per_sample, self.per_round = per_step, per_pass, per_sample, per_round
+        self.per_hop, self.per_byte = per_hop, per_byte
         self.seconds = 0.0
         self.merges: list[list] = []
 
@@ -220,6 +222,9 @@ class StepClock(Clock):
     def outer_step(self, *, round_number, workers, payload_bytes) -> None:
         cycle = self.per_round if isinstance(self.per_round, list) else [self.per_round]
         self.seconds += cycle[(round_number - 1) % len(cycle)]
+
+    def all_reduce(self, *, workers, payload_bytes) -> None:
+        self.seconds += 2 * (workers - 1) * (self.per_hop + payload_bytes / workers * self.per_byte)
 
     def merge(self, *, round_number, sent_bytes) -> None:
         self.merges.append([round_number, list(sent_bytes)])  # what the worker announced (`Clock.merge`)

@@ -103,6 +103,9 @@ class ControllerRules:
     target: str = "test"
     noise_scale_multiple: float = 1.0
     goodput_hysteresis: float = 0.05  # batch_size_target="goodput" (`batch/goodput.py`)
+    # Where the goodput rule's step and round costs come from: the startup profile alone ("startup"), the profile and
+    # then every round's timings ("startup_live"), or the rounds' timings alone ("live"; `batch/startup_profile.py`).
+    goodput_timing: str = "startup"
     # batch_size_target="goodput" without batch_size_cap: the rule bounds its own search (`request_bound`).
     derived_cap: bool = False
 

@@ -116,10 +116,20 @@ class GoodputModel:
         best = max(self.goodput(r) for r in at_hand)
         if not (math.isfinite(best) and best > 0):
             return max(floor, no_accumulation)
-        x_max = self.workers * g / self.times.per_sample
-        beyond = ((self.noise_scale + self.workers * self.reference) * x_max / best - self.noise_scale) / self.workers
-        bound = max(floor, no_accumulation + g, math.ceil(beyond))
-        return g * -(-bound // g)
+        return max(g * -(-max(floor, no_accumulation + g) // g), self.break_even(best))
+
+    def break_even(self, goodput: float) -> int:
+        """The smallest per-worker request (a multiple of G) that even the largest throughput X_max = M G / β could
+        not carry to `goodput`: X_max E(r) <= `goodput` (`request_bound`'s proof). It is exact where the proof is
+        tight: without fixed costs (ω = α = C = 0) every request trains X_max samples a second, so a request whose
+        goodput is `goodput` has this break-even point itself (a multiple of G)."""
+        x_max = self.workers * self.processes / self.times.per_sample
+        worth = self.noise_scale + self.workers * self.reference
+        beyond = (worth * x_max / goodput - self.noise_scale) / self.workers
+        # A relative margin for the float round-off of the quotients above, so that an exact request is not rounded
+        # up to the next one.
+        g = self.processes
+        return g * math.ceil(beyond * (1 - 1e-12) / g)
 
     def best_request(self, low: int, high: int) -> int:
         """The per-worker request in [low, high] (multiples of G) of the highest goodput; the smallest on a tie."""

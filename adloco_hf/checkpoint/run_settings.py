@@ -45,7 +45,7 @@ TRAJECTORY_FIELDS = (
     "inner_steps", "num_instances", "merge_every", "merge_policy", "instance_init", "batch_size_test", "eta", "theta",
     "nu", "max_batch_size", "batch_size_cap", "batch_size_smoothing", "noise_preconditioner", "nonpositive_signal",
     "batch_size_shrink", "shrink_hysteresis", "batch_size_floor", "batch_size_target", "noise_scale_multiple",
-    "goodput_hysteresis", "merge_batch_rule",
+    "goodput_hysteresis", "goodput_timing", "merge_batch_rule",
     "inner_steps_rule", "max_inner_steps", "outer_noise_theta",
     "switch_threshold", "pseudo_grad_dtype", "pseudo_grad_compression", "merge_transport", "merge_payload",
     "compression_block_size", "outer_overlap", "outer_overlap_local_weight", "num_fragments", "fragment_sync_delay",

@@ -6,7 +6,9 @@ outer step. The timings feed the goodput rule's throughput model (`batch_size_ta
 `batch/throughput.py`) and each worker's speed (`worker_batch_split="speed"`). Between the two readings of `now()`
 that time each of them, the worker announces the work: `passes(chunk_sizes)`, `step_rest()`, `outer_step(...)`.
 A merge at a round's end (`worker/merging.py`) is announced too, once its messages have gone: `merge(...)`, with the
-bytes every rank sent; it comes after the round's outer step and before the next step's first reading.
+bytes every rank sent; it comes after the round's outer step and before the next step's first reading. Before the
+first round, the goodput rule's startup profile (`batch/profiling.py`) times passes (announced as an inner step's,
+`passes`) and two all-reduces over every worker, each announced once it has run: `all_reduce(...)`.
 
 This clock reads `time.perf_counter()` and ignores the announcements; with `synchronize` (CUDA and the goodput
 rule) it waits for the kernels queued so far first, since the host runs ahead of the device and a pass would
@@ -42,7 +44,9 @@ class FixedPrices(Clock):
 ring model of a link for the outer step, and the busiest sender for a merge.
 """
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -77,6 +81,21 @@ class Clock:
     def outer_step(self, *, round_number: int, workers: int, payload_bytes: int) -> None:
         """The outer step of round `round_number` (1-based) ran among an instance's `workers`, sending a payload of
         `payload_bytes` per worker into the all-reduce (announced after it, before its end is read)."""
+
+    def all_reduce(self, *, workers: int, payload_bytes: int) -> None:
+        """An all-reduce of `payload_bytes` per worker over `workers` workers has run (the startup profile's probe of
+        the links, announced after it, before its end is read)."""
+
+    @contextlib.contextmanager
+    def synchronized(self) -> Iterator[None]:
+        """Inside the block every reading waits for the device (CUDA), whatever `synchronize` says: the startup
+        profile times passes one by one."""
+        saved = self.synchronize
+        self.synchronize = self.device is not None and self.device.type == "cuda"
+        try:
+            yield
+        finally:
+            self.synchronize = saved
 
     def merge(self, *, round_number: int, sent_bytes: tuple[int, ...]) -> None:
         """A merge at the end of round `round_number` has sent its messages: `sent_bytes[r]` bytes from global rank

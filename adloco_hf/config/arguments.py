@@ -186,6 +186,13 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
         goodput_hysteresis (`float`, *optional*, defaults to `0.05`):
             `batch_size_target="goodput"` moves a request only when the best one's predicted goodput beats keeping
             it by this fraction (AdaptDL's users asked for 5 %); in [0, 1).
+        goodput_timing (`str`, *optional*, defaults to `"startup"`):
+            Where the goodput rule's costs come from. `"startup"`: a profile measured before the first round (passes
+            at several micro-batch sizes, two all-reduces, one gradient-statistics estimate; training is unchanged by
+            it: `batch/startup_profile.py`), cached (`$ADLOCO_HF_CACHE`, else `~/.cache/adloco_hf`) and checkpointed:
+            the first request is already the best one and a run is repeatable from its seed. `"startup_live"`: then
+            every round's timings too; `"live"`: the rounds' alone, from the initial request. Both live modes read
+            step times that differ between runs: a seed's runs, and a resumed one, may take other batches.
         merge_batch_rule (`str`, *optional*, defaults to `"preserve_total"`):
             `"paper"`: a merged instance keeps its per-worker request while gaining workers (its total grows);
             `"preserve_total"`: every instance keeps its total batch across a merge (per-worker ⌈total / workers⌉),
@@ -376,6 +383,7 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             "batch_size_target",
             "noise_scale_multiple",
             "goodput_hysteresis",
+            "goodput_timing",
             "merge_batch_rule",
             "inner_steps_rule",
             "max_inner_steps",

@@ -37,6 +37,9 @@ BATCH_SIZE_TESTS = ("norm", "inner_product", "augmented_inner_product", "none")
 # (`resolve_batch_size_target`); the controller only ever sees the other three.
 BATCH_SIZE_TARGETS = ("auto", "test", "noise_scale", "goodput")
 NONPOSITIVE_SIGNAL = ("keep", "clamp")
+# Where the goodput rule's step and round costs come from (`batch/startup_profile.py`): a profile measured once before
+# the first round (repeatable from the seed), that profile and then every round's timings, or the rounds alone.
+GOODPUT_TIMINGS = ("startup", "startup_live", "live")
 NOISE_PRECONDITIONERS = ("none", "adam")
 LR_SCALING_RULES = ("none", "sqrt", "sqrt_adam", "linear")
 ADAM_RULES = ("sqrt_adam",)  # the rules that rewrite betas, eps and weight_decay as well

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from .choices import (
     BATCH_SIZE_TARGETS,
     BATCH_SIZE_TESTS,
+    GOODPUT_TIMINGS,
     INNER_STEPS_RULES,
     INSTANCE_INITS,
     LR_SCALING_RULES,
@@ -184,6 +185,15 @@ class BatchFields:
     goodput_hysteresis: float = field(
         default=0.05,
         metadata={"help": "batch_size_target='goodput' changes a request only when its predicted goodput gains this."},
+    )
+    goodput_timing: str = field(
+        default="startup",
+        metadata={
+            "help": "Where the goodput rule's step and round costs come from: a profile measured once before the "
+            "first round and cached (startup: a run is repeatable from its seed), that profile then every round's "
+            "timings (startup_live), or the rounds' timings alone (live). Both live modes trade repeatability away.",
+            "choices": list(GOODPUT_TIMINGS),
+        },
     )
     merge_batch_rule: str = field(
         default="preserve_total",

@@ -1,5 +1,7 @@
 """The run's JSON-lines files, written and read: `adloco_rounds.jsonl` and `adloco_eval.jsonl` (DESIGN §4), and
-`adloco_resumes.jsonl` (one line per elastic resume: a resume with another number of workers, `checkpoint/elastic.py`).
+`adloco_resumes.jsonl` (one line per elastic resume: a resume with another number of workers, `checkpoint/elastic.py`),
+and `adloco_startup_profile.json` (the goodput rule's startup profile, `batch/startup_profile.py`, and the first
+requests it gave).
 
 Global rank 0 writes both into the run's `output_dir`: one line per instance per round to `adloco_rounds.jsonl`
 (the keys of `ROUND_KEYS` and a few more) and one line per evaluation to `adloco_eval.jsonl`, whose `instance` is
@@ -25,6 +27,7 @@ from ..common.files import atomic_write_text
 __all__ = [
     "EVAL_FILE",
     "MERGED",
+    "PROFILE_FILE",
     "RESUMES_FILE",
     "ROUNDS_FILE",
     "ROUND_KEYS",
@@ -38,6 +41,7 @@ __all__ = [
 ROUNDS_FILE = "adloco_rounds.jsonl"
 EVAL_FILE = "adloco_eval.jsonl"
 RESUMES_FILE = "adloco_resumes.jsonl"
+PROFILE_FILE = "adloco_startup_profile.json"
 MERGED = "merged"  # the `instance` of a merged model's evaluation lines (`final`: false while training)
 # The keys of DESIGN §4 (contract); lines carry a few more (tokens, total_tokens, elapsed_seconds, skipped, ...).
 ROUND_KEYS = (
@@ -126,6 +130,11 @@ class RunLog:
 
     def write_eval(self, lines: list[dict[str, Any]]) -> None:
         self._append(self.eval_path, lines)
+
+    def record_profile(self, record: dict[str, Any]) -> None:
+        """Write the startup profile the goodput rule decides from (replaced by a later start of the run)."""
+        os.makedirs(self.output_dir, exist_ok=True)
+        atomic_write_text(os.path.join(self.output_dir, PROFILE_FILE), json.dumps(_clean(record), indent=1))
 
     def record_resume(self, line: dict[str, Any]) -> None:
         """Append an elastic resume to `adloco_resumes.jsonl` (kept across resumes: the run's history)."""

@@ -9,10 +9,11 @@ and the `RoundLine` that `adloco_rounds.jsonl` records for every instance.
 import math
 from dataclasses import dataclass, field, replace
 
-from ..batch.controller import NoiseEstimate, next_request
+from ..batch.controller import next_request
 from ..batch.goodput import GoodputChoice, GoodputModel, choose_request
 from ..batch.size_tests import PooledStatistics, pool_statistics
-from ..batch.throughput import ThroughputProfile
+from ..batch.startup_profile import StartupProfile
+from ..batch.throughput import StepTimeModel, ThroughputProfile
 from ..batch.worker_split import plan_worker_split, resize_split
 from ..instances.health import merge_warnings, skipped_rounds_failure
 from ..instances.table import Instance, MergePlan, merge_is_due, plan_merge
@@ -25,6 +26,7 @@ from .rules import RoundRules
 __all__ = [
     "RoundDecision",
     "decide_round",
+    "goodput_choice",
     "next_round_inner_steps",
     "outer_noise",
     "plan_shares",
@@ -105,6 +107,7 @@ def decide_round(
     global_step: int,
     rules: RoundRules,
     inner_steps: int | None = None,
+    startup: StartupProfile | None = None,
 ) -> RoundDecision:
     """Every instance's next request and round line, and the merge if one is due (pure; the same on every rank).
 
@@ -116,6 +119,8 @@ def decide_round(
         global_step: the Trainer's step at its end.
         rules: the settings the decision depends on.
         inner_steps: the round's inner steps H (for its lines and `next_inner_steps`; None: not tracked).
+        startup: the run's startup profile (`batch/startup_profile.py`): with `goodput_timing="startup"` the goodput
+            rule's step and round costs, for the whole run; None: the rule reads the costs measured on the rounds.
 
     A skipped round (a non-finite pseudo-gradient on any worker of the instance) keeps the instance's request and
     counts towards its rounds skipped in a row; more than `rules.max_skipped_rounds` of them is the decision's
@@ -130,12 +135,12 @@ def decide_round(
         members = [reports[w * g + local] for w in inst.workers for local in range(g)]
         pooled = pool_statistics([m.stats for m in members])
         next_batch, estimate, choice = inst.batch_size, inst.noise, None
-        throughput = _measured_costs(inst.throughput, members, controller.smoothing) if goodput else None
+        throughput, times = _costs(inst, members, rules, startup) if goodput else (None, None)
         steps = inner_steps or max(m.loss_steps for m in members)
         if not any(m.skipped for m in members):
             estimate = inst.noise.update(pooled, controller.smoothing)
             if goodput:
-                choice = _goodput_choice(inst, estimate, throughput, rules, inner_steps=steps)
+                choice = goodput_choice(inst, estimate.noise_scale, times, rules, inner_steps=steps)
                 next_batch = inst.batch_size if choice is None else choice.request
             else:
                 next_batch = next_request(
@@ -146,8 +151,7 @@ def decide_round(
         scale = estimate.noise_scale
         line.noise_scale = scale if math.isfinite(scale) else None
         if goodput:
-            model = throughput.model()
-            line.step_model = None if model is None else model.as_list()
+            line.step_model = None if times is None else times.as_list()
             if choice is not None:
                 line.goodput, line.goodput_kept = choice.goodput, choice.kept
         decided.append(inst.after_round(next_batch, skipped=line.skipped, noise=estimate, throughput=throughput))
@@ -257,12 +261,24 @@ def _measured_costs(profile: ThroughputProfile, members: list[WorkerReport], smo
     return profile.update([m.timing for m in members], min(outer) if outer else math.nan, smoothing)
 
 
-def _goodput_choice(
-    inst: Instance, estimate: NoiseEstimate, throughput: ThroughputProfile, rules: RoundRules, *, inner_steps: int
+def _costs(
+    inst: Instance, members: list[WorkerReport], rules: RoundRules, startup: StartupProfile | None
+) -> tuple[ThroughputProfile, StepTimeModel | None]:
+    """The instance's cost averages after this round, and the step and round costs its next request is chosen from:
+    the startup profile's for its number of workers (`goodput_timing="startup"`: nothing measured on the rounds
+    enters a decision, so a run is repeatable from its seed), else the averages of the rounds' timings."""
+    controller = rules.controller
+    if controller.goodput_timing == "startup" and startup is not None:
+        return inst.throughput, startup.step_model(len(inst.workers))
+    throughput = _measured_costs(inst.throughput, members, controller.smoothing)
+    return throughput, throughput.model()
+
+
+def goodput_choice(
+    inst: Instance, scale: float, times: StepTimeModel | None, rules: RoundRules, *, inner_steps: int
 ) -> GoodputChoice | None:
-    """`batch_size_target="goodput"`: the next request of `inst` (`batch/goodput.py`), or None (keep it) while there
-    is no positive noise scale or no timing yet."""
-    times, scale = throughput.model(), estimate.noise_scale
+    """`batch_size_target="goodput"`: the next request of `inst` (`batch/goodput.py`) for the noise scale `scale`
+    and the step and round costs `times`, or None (keep it) while there is no positive noise scale or no timing."""
     if times is None or not (math.isfinite(scale) and scale > 0) or inner_steps < 1:
         return None
     g, controller = rules.processes_per_worker, rules.controller

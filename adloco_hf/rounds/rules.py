@@ -70,6 +70,7 @@ class RoundRules:
             target=args.batch_size_target,
             noise_scale_multiple=args.noise_scale_multiple,
             goodput_hysteresis=args.goodput_hysteresis,
+            goodput_timing=args.goodput_timing,
             derived_cap=args.batch_size_cap is None,
         )
         return cls(

@@ -16,7 +16,7 @@ from ..common.upstream import mark_prepared, trainer_num_items_in_batch
 from ..sampling.stream_sampler import AdaptiveStreamSampler
 
 
-__all__ = ["TrainerPasses", "probe_step", "worker_ddp"]
+__all__ = ["StartupProbe", "TrainerPasses", "probe_step", "worker_ddp"]
 
 
 class TrainerPasses:
@@ -59,15 +59,21 @@ class TrainerPasses:
         return count_tokens(inputs, getattr(self.trainer.model, "main_input_name", "input_ids"))
 
 
+def probe_examples(loader, sampler, size: int, generator: torch.Generator | None = None) -> list:
+    """`size` training examples that training does not draw: a fresh part of a stream, or of a map-style dataset
+    the first ones (`generator`: random ones, drawn from that generator, not from the training's)."""
+    dataset = loader.dataset
+    if isinstance(sampler, AdaptiveStreamSampler):
+        return sampler.probe_examples(size)  # from a fresh part: no training data is drawn
+    if generator is None:
+        return [dataset[i % len(dataset)] for i in range(size)]
+    return [dataset[int(i)] for i in torch.randint(len(dataset), (size,), generator=generator)]
+
+
 def probe_step(trainer: Trainer, loader, sampler, size: int, prepare: Callable[[dict], dict]) -> None:
     """Forward and backward on `size` training samples of `loader` (batched by `prepare`: the Trainer's own input
     preparation), gradients cleared after (for max_batch_size='auto')."""
-    dataset, collator = loader.dataset, loader.collate_fn
-    if isinstance(sampler, AdaptiveStreamSampler):
-        examples = sampler.probe_examples(size)  # from a fresh part: no training data is drawn
-    else:
-        examples = [dataset[i % len(dataset)] for i in range(size)]
-    inputs = prepare(collator(examples))
+    inputs = prepare(loader.collate_fn(probe_examples(loader, sampler, size)))
     model = trainer.model
     model.train()
     try:
@@ -76,6 +82,50 @@ def probe_step(trainer: Trainer, loader, sampler, size: int, prepare: Callable[[
         trainer.accelerator.backward(loss)
     finally:
         model.zero_grad(set_to_none=True)
+
+
+class StartupProbe:
+    """The Trainer's forward/backward on examples training does not draw, for the startup profile
+    (`batch/profiling.py`): inputs of any size, and the passes of an inner step over them.
+
+    Args:
+        trainer: the Trainer (its `training_step`, input preparation and model).
+        loader, sampler: the training loader and its sampler (where the examples come from, left untouched).
+        step: the Trainer's own `training_step`.
+        prepare: the Trainer's own input preparation (to its device).
+
+    The examples are drawn from a generator of the probe's own, seeded by the run's seed and the process's rank.
+    """
+
+    def __init__(self, trainer: Trainer, loader, sampler, step: Callable, prepare: Callable[[dict], dict]):
+        self.trainer, self.loader, self.sampler, self.prepare = trainer, loader, sampler, prepare
+        self.generator = torch.Generator().manual_seed(hash((trainer.args.seed, trainer.args.process_index)) % 2**31)
+        self.passes = TrainerPasses(trainer, step, trainer.model_wrapped, None)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.passes.model
+
+    def inputs(self, size: int) -> dict[str, Any]:
+        examples = probe_examples(self.loader, self.sampler, size, self.generator)
+        return self.prepare(self.loader.collate_fn(examples))
+
+    def first_inputs(self) -> dict[str, Any]:
+        return self.prepare(self.loader.collate_fn(probe_examples(self.loader, self.sampler, 1)))
+
+    def forward_backward(self, inputs: dict[str, Any], samples: int, batch: int) -> torch.Tensor:
+        # Before the first step the Trainer has not set the accumulation its `training_step` divides by: one step.
+        missing = not hasattr(self.trainer, "current_gradient_accumulation_steps")
+        if missing:
+            self.trainer.current_gradient_accumulation_steps = 1
+        try:
+            return self.passes.forward_backward(inputs, samples, batch)
+        finally:
+            if missing:
+                del self.trainer.current_gradient_accumulation_steps
+
+    def zero_grad(self) -> None:
+        self.trainer.model.zero_grad(set_to_none=True)
 
 
 def worker_ddp(prepared, args, device: torch.device, group) -> torch.nn.parallel.DistributedDataParallel:

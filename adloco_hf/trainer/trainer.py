@@ -34,7 +34,7 @@ from ..worker.core import Worker
 from ..worker.preemption import TrainingPreempted
 from .callback import AdLoCoCallback
 from .checkpoint_load import check_workers_for_instances, load_checkpoint, load_cpu_optimizer, load_scheduler
-from .inner_step import TrainerPasses, probe_step, worker_ddp
+from .inner_step import StartupProbe, TrainerPasses, probe_step, worker_ddp
 from .loaders import epoch_of, train_loader
 from .merge_folders import reporting_parts, save_merge
 from .round_console import announce_round, quiet_console, use_round_console
@@ -124,6 +124,9 @@ class AdLoCoTrainer(Trainer):
             max_steps=self.state.max_steps,
             global_step=self.state.global_step,
             probe_step=self.run_probe_step,
+            startup_probe=StartupProbe(
+                self, self._train_loader, self.train_sampler, super().training_step, self._prepare_inputs
+            ),
         )
 
     def _maybe_end_round(self) -> None:
@@ -305,12 +308,9 @@ class AdLoCoTrainer(Trainer):
 
     @collective("end()")
     def end(self) -> None:
-        """Wait for every worker, then finish the trackers and destroy the process groups (call it last).
-
-        A worker that leaves with a live gloo group while another still uses its own can abort ("terminate called
-        without an active exception"), so the workers leave together. A script that never calls it still has its
-        process groups destroyed at interpreter exit (`destroy_process_groups_at_exit`).
-        """
+        """Wait for every worker, then finish the trackers and destroy the process groups (call it last): a worker
+        that leaves with a live gloo group while another still uses its own can abort. A script that never calls it
+        still has its process groups destroyed at interpreter exit (`destroy_process_groups_at_exit`)."""
         self.worker.monitor.check("end of training")
         end_training(self, super())  # Trainer.end() is new in transformers 5.18
 

@@ -118,8 +118,11 @@ class Worker:
         max_steps: int,
         global_step: int,
         probe_step,
+        startup_probe=None,
     ) -> None:
-        """Set up (or restore) this worker's AdLoCo state when training begins (collective: every rank)."""
+        """Set up (or restore) this worker's AdLoCo state when training begins (collective: every rank).
+        `startup_probe`: the Trainer's passes on examples training does not draw, for the goodput rule's startup
+        profile (`batch/profiling.py`; None: no profile)."""
         self._connect()
         if self.parts is not None:  # a second train(): the new parts replace the first's
             self.parts.steps.detach()
@@ -135,10 +138,15 @@ class Worker:
             rounds=self.rounds,
             training=TrainingObjects(model, optimizer, lr_scheduler, sampler, scaler),
             resume=resume,
-            rules=lambda: self.rules,
+            # The sampler's shard caps a request (`rules`): read from the sampler handed in, since the parts are not
+            # made yet when the startup profile asks for the rules.
+            rules=lambda: self.rules_cache.get(
+                max_batch_size=self.rounds.max_batch_size, shard_size=sampler.shard_size
+            ),
             clock=self.clock,
             hint=self.resume_hint,
             probe_step=probe_step,
+            startup_probe=startup_probe,
         )
         self._pending = None
         self.parts.round_end.follow(self.rules_plan())

@@ -93,6 +93,7 @@ class RoundEnd:
             global_step=global_step,
             rules=self.rules(),
             inner_steps=rounds.inner_steps,
+            startup=rounds.startup_profile,
         )
         merge = self._merge_if_due(decision)
         rounds.instances = decision.instances

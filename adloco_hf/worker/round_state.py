@@ -5,6 +5,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..batch.startup_profile import StartupProfile
 from ..instances.table import Instance, instance_of
 from ..rounds.plan import WorkerPlan
 from ..rounds.state import AdLoCoState, RunTotals
@@ -28,6 +29,8 @@ class RoundState:
         totals: the run's running totals.
         started: `time.time()` when this process started training (elapsed seconds add up across resumes).
         final_merged: whether the instances have been merged into the final model.
+        startup_profile: the goodput rule's step and link costs measured before the first round (None without one:
+            `batch/startup_profile.py`); checkpointed, so a resumed run decides from the same numbers.
     """
 
     inner_steps: int
@@ -40,6 +43,7 @@ class RoundState:
     totals: RunTotals = field(default_factory=RunTotals)
     started: float = field(default_factory=time.time)
     final_merged: bool = False
+    startup_profile: StartupProfile | None = None
 
     def instance_of(self, worker_id: int) -> Instance:
         """The instance `worker_id` trains now."""
@@ -86,6 +90,7 @@ class RoundState:
             "instances": [i.to_row() for i in self.instances],
             "max_batch_size": self.max_batch_size,
             "totals": {**asdict(self.totals), "elapsed": self.elapsed()},
+            "startup_profile": None if self.startup_profile is None else self.startup_profile.to_json(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -96,3 +101,6 @@ class RoundState:
         self.max_batch_size = int(state["max_batch_size"])
         self.totals = RunTotals(**state["totals"])
         self.started = time.time()
+        profile = state.get("startup_profile")  # None: written without one (or before the profile existed)
+        if profile is not None:
+            self.startup_profile = StartupProfile.from_json(profile).with_origin(source="checkpoint")

@@ -14,7 +14,7 @@ from ..instances.merge_settings import MergeSettings
 from ..outer.settings import OuterSettings
 
 
-__all__ = ["StartSettings", "StepSettings", "WorkerSettings"]
+__all__ = ["ProfileSettings", "StartSettings", "StepSettings", "WorkerSettings"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,30 @@ class StartSettings:
 
 
 @dataclass(frozen=True)
+class ProfileSettings:
+    """The goodput rule's startup profile (`batch/startup_profile.py`): whether one is measured before the first
+    round, and what it depends on beside the model and the launch (its cache key)."""
+
+    enabled: bool  # batch_size_target="goodput" with goodput_timing "startup" or "startup_live"
+    statistics: bool  # one gradient-statistics estimate too (not in Adam's metric: no moments before a step)
+    precision: str  # "bf16", "fp16" or "fp32"
+    compiled: bool  # torch_compile
+    backend: str  # the workers' process group
+
+    @classmethod
+    def from_args(cls, args) -> "ProfileSettings":
+        """From an `AdLoCoConfig`."""
+        goodput = args.batch_size_target == "goodput"
+        return cls(
+            enabled=goodput and args.goodput_timing != "live",
+            statistics=args.noise_preconditioner != "adam",
+            precision="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+            compiled=bool(args.torch_compile),
+            backend=str(args.ddp_backend or "default"),
+        )
+
+
+@dataclass(frozen=True)
 class StepSettings:
     """What the inner steps read (`steps.py`): how a request is cut into micro-batches, which gradient statistics a
     step measures and in which metric, and how the inner optimizer follows the batch."""
@@ -54,7 +78,9 @@ class StepSettings:
     noise_preconditioner: str  # "adam": statistics in Adam's metric
     lr_batch_scaling: str
     switch_threshold: float  # γ of switch mode
-    time_steps: bool = False  # batch_size_target="goodput": time every step's passes for the throughput model
+    # batch_size_target="goodput" measuring on the rounds (goodput_timing other than "startup"): time every step's
+    # passes for the throughput model
+    time_steps: bool = False
 
     @classmethod
     def from_args(cls, args) -> "StepSettings":
@@ -64,7 +90,7 @@ class StepSettings:
             noise_preconditioner=args.noise_preconditioner,
             lr_batch_scaling=args.lr_batch_scaling,
             switch_threshold=args.switch_threshold,
-            time_steps=args.batch_size_target == "goodput",
+            time_steps=args.batch_size_target == "goodput" and args.goodput_timing != "startup",
         )
 
 
@@ -88,6 +114,7 @@ class WorkerSettings:
     seed: int
     device: torch.device
     start: StartSettings
+    profile: ProfileSettings
     steps: StepSettings
     outer: OuterSettings
     merges: MergeSettings
@@ -110,6 +137,7 @@ class WorkerSettings:
             seed=args.seed,
             device=args.device,
             start=StartSettings.from_args(args),
+            profile=ProfileSettings.from_args(args),
             steps=StepSettings.from_args(args),
             outer=(outer := OuterSettings.from_args(args)),
             merges=MergeSettings(

@@ -3,20 +3,31 @@
 Every rank runs the same steps in the same order (process groups are created collectively): check the model, make
 the inner steps and the plan follower (which refuses an optimizer or scheduler the settings cannot scale), then
 either start afresh (instance table, initial weights, the largest micro-batch) or restore a checkpoint's state
-(`saved_state.py`); the first round's plan is applied last, by the worker.
+(`saved_state.py`); with the goodput rule's startup profile, measure it (or read it from the cache) and set every
+instance's first request from it (a resumed run reads it from its checkpoint); the first round's plan is applied
+last, by the worker.
 """
 
+import json
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
+from ..batch import profile_cache
+from ..batch.profiling import ProfilePlan, StartupProbePasses, measure_startup_profile
+from ..batch.startup_profile import StartupProfile, profile_sizes
 from ..common.clock import Clock
-from ..common.distributed import WorkerMonitor, check_models_match
+from ..common.distributed import WorkerMonitor, check_models_match, is_distributed
 from ..common.logs import get_logger
 from ..instances.table import Instance, initial_instances
 from ..outer.step import GlobalModel
 from ..reporting.run_log import RunLog
+from ..rounds.first_round import FirstRound, first_round
 from ..rounds.rules import RoundRules
 from . import saved_state
 from .groups import WorkerGroups
@@ -64,6 +75,7 @@ def start_parts(
     clock: Clock,
     hint: Callable[[], str],
     probe_step: Callable[[int], None],
+    startup_probe: StartupProbePasses | None = None,
 ) -> RoundParts:
     """Make (or restore) this worker's parts when training begins (collective: every rank)."""
     model = training.model
@@ -102,6 +114,23 @@ def start_parts(
             steps=steps,
             seed=settings.seed,
         )
+    g = groups.processes_per_worker
+    if settings.profile.enabled and rounds.startup_profile is None and startup_probe is not None:
+        profiled = take_startup_profile(
+            settings,
+            groups,
+            replica,
+            rounds,
+            training,
+            steps,
+            outer,
+            rules(),
+            clock,
+            startup_probe,
+            fresh=resume is None,
+        )
+        if groups.rank == 0:
+            log_startup_profile(rounds.startup_profile, profiled, run_log, settings.start.initial_batch_size * g)
     merges = WorkerMerges(settings, groups, monitor, outer, replica, training, steps, hint, clock)
     round_end = RoundEnd(
         groups=groups,
@@ -119,6 +148,123 @@ def start_parts(
         hint=hint,
     )
     return RoundParts(training=training, steps=steps, outer=outer, merges=merges, round_end=round_end)
+
+
+def take_startup_profile(
+    settings: WorkerSettings,
+    groups: WorkerGroups,
+    replica: ReplicaParallel,
+    rounds: RoundState,
+    training: TrainingObjects,
+    steps: InnerSteps,
+    outer: OuterSync,
+    rules: RoundRules,
+    clock: Clock,
+    probe: StartupProbePasses,
+    *,
+    fresh: bool,
+) -> FirstRound | None:
+    """Measure the goodput rule's startup profile (or read it from the cache) into `rounds`, and on a fresh start set
+    every instance's first request from it (collective: every rank). Returns the first round's choices (None on a
+    resume, whose requests are the checkpoint's)."""
+    controller, g = rules.controller, groups.processes_per_worker
+    top = (
+        rules.switch.max_batch_size
+        if controller.cap is None
+        else min(rules.switch.max_batch_size, controller.cap // g)
+    )
+    sizes = profile_sizes(max(1, controller.floor // g // 2), max(1, top))
+    phi = outer.global_model  # what this process sends into an all-reduce: its slice of Δ, if it has one
+    payload = phi.reduce.payload_bytes(phi.numel if phi.part is None else phi.part[1] - phi.part[0], 2)
+    workers = groups.layout.num_workers
+    cacheable = type(clock) is Clock  # a virtual clock's prices are its own, never the machine's
+    key = None
+    if cacheable:
+        key = profile_cache.profile_key(
+            model_config=_model_config(training.model),
+            device=_device_name(settings.device),
+            precision=settings.profile.precision,
+            sequence_length=_sequence_length(probe),
+            compiled=settings.profile.compiled,
+            workers=workers,
+            processes_per_worker=g,
+            payload_bytes=payload,
+            sizes=tuple(sizes),
+            backend=settings.profile.backend,
+            hosts=_hosts(),
+        )
+    plan = ProfilePlan(
+        sizes=tuple(sizes),
+        payload_bytes=payload,
+        workers=workers,
+        statistics=fresh and settings.profile.statistics and not replica.sharded,
+        key=key,
+    )
+    measured = measure_startup_profile(
+        plan,
+        probe,
+        clock=clock,
+        collector=steps.collector,
+        no_sync=replica.no_sync,
+        link_group=groups.all_workers,
+        device=settings.device,
+        loss_scale=training.loss_scale,
+        rank=groups.rank,
+        cached=lambda: profile_cache.load_profile(key),
+        store=lambda profile: profile_cache.save_profile(profile, key),
+    )
+    rounds.startup_profile = measured.profile
+    if not fresh:
+        return None
+    first = first_round(rounds.instances, measured.statistics, measured.profile, rules, inner_steps=rounds.inner_steps)
+    rounds.instances = first.instances
+    return first
+
+
+def _model_config(model: torch.nn.Module) -> str:
+    """What identifies the model's computation: its configuration, or its parameters' shapes and dtypes."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    if config is not None and hasattr(config, "to_json_string"):
+        return config.to_json_string(use_diff=False)
+    return json.dumps([[name, list(p.shape), str(p.dtype)] for name, p in model.named_parameters()])
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{device.type}:{torch.get_num_threads()} threads"
+
+
+def _sequence_length(probe: StartupProbePasses) -> int:
+    ids = probe.first_inputs().get("input_ids")
+    return int(ids.shape[-1]) if ids is not None and ids.dim() > 0 else 0
+
+
+def _hosts() -> list[str]:
+    """Every rank's host name (collective), so that a profile of the links is not read on other machines."""
+    name = socket.gethostname()
+    if not is_distributed():
+        return [name]
+    names: list = [None] * dist.get_world_size()
+    dist.all_gather_object(names, name)
+    return [str(n) for n in names]
+
+
+def log_startup_profile(profile: StartupProfile, first: FirstRound | None, run_log: RunLog, initial: int) -> None:
+    """Rank 0: one line (where the profile came from and what it cost, what it measured, the first requests) and
+    `adloco_startup_profile.json`."""
+    origin = f"measured in {profile.seconds:.2f} s" if profile.source == "measured" else f"read from {profile.source}"
+    text = f"startup profile ({origin}): {profile.describe()}"
+    requests = {}
+    if first is not None:
+        for inst in first.instances:
+            scale = first.noise_scales.get(inst.id)
+            requests[inst.id] = {"batch_size": inst.batch_size, "noise_scale": scale, "initial": initial}
+        text += "; first requests " + ", ".join(
+            f"instance {i}: {initial} -> {r['batch_size']}" for i, r in requests.items()
+        )
+    logger.info(text)
+    run_log.record_profile({**profile.to_json(), "first_requests": requests})
 
 
 def log_start(

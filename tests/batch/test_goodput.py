@@ -1,6 +1,7 @@
 """The goodput rule's pure parts: the step-time fit, the instance's cost averages, goodput and its maximisation
 (checked against trying every request), the hysteresis."""
 
+import dataclasses
 import math
 import random
 
@@ -109,6 +110,41 @@ def test_the_rules_own_bound_never_cuts_off_the_best_request(seed):
     bound = gm.request_bound(low, current)
     assert bound % g == 0 and bound >= current >= low
     assert gm.best_request(low, bound) == brute_force(gm, low, 4 * bound)
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_without_fixed_costs_the_bounds_proof_is_tight(seed):
+    """With no cost per step, per pass or per round every request trains exactly X_max = M G / β samples a second, the
+    throughput the bound's proof assumes: its break-even point for a request's own goodput is that request (up to
+    G), not a sample more or less. A bound that claimed less (a proof assuming a lower X_max) would cut off a request
+    that reaches that goodput; one that claimed more would search requests that cannot. The bound itself is then
+    the best request at hand, above the band of one pass, and no request beyond it reaches its goodput."""
+    rng = random.Random(5000 + seed)
+    free = random_model(rng, lambda rng: [rng.uniform(1e-4, 0.02)])
+    gm = dataclasses.replace(free, times=StepTimeModel(0.0, 0.0, free.times.per_sample, 0.0))
+    g = gm.processes
+    x_max = gm.workers * g / gm.times.per_sample
+    top = g * int(gm.switch.switch_threshold * gm.switch.max_batch_size)  # the largest request of one pass
+    for request in sorted({top + g * rng.randint(1, 50) for _ in range(10)}):
+        assert gm.throughput(request) == pytest.approx(x_max, rel=1e-12)
+        assert gm.goodput(request) == pytest.approx(x_max * gm.efficiency(request), rel=1e-12)
+        assert gm.break_even(gm.goodput(request)) == request
+        assert gm.goodput(request + g) < gm.goodput(request)  # without fixed costs a larger batch only loses
+        # Started above the band of one pass, the bound is the best request at hand itself.
+        assert gm.request_bound(request, current=request) == request
+        assert gm.best_request(request, gm.request_bound(request, request)) == request
+
+
+@pytest.mark.parametrize("cost", ["per_step", "per_pass", "per_round"])
+def test_any_fixed_cost_leaves_the_bound_above_the_request_that_reaches_its_goodput(cost):
+    """A fixed cost keeps the throughput below X_max: a request's goodput is then reached by nothing at or above
+    its break-even point, which lies strictly beyond the request (the proof's slack)."""
+    times = {"per_step": (0.01, 0.0, 0.001, 0.0), "per_pass": (0.0, 0.01, 0.001, 0.0), "per_round": (0, 0, 0.001, 1.0)}
+    gm = model(times=times[cost], noise=200.0, h=10, workers=2, m=8, gamma=2.0, ref=4)
+    for request in (20, 40, 80):
+        bound = gm.break_even(gm.goodput(request))
+        assert bound > request
+        assert all(gm.goodput(r) < gm.goodput(request) for r in range(bound, 4 * bound))
 
 
 def test_without_a_measured_per_sample_cost_the_bound_is_the_largest_request_of_one_pass():

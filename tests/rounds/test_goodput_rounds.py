@@ -8,10 +8,12 @@ from helpers import round_rules
 
 from adloco_hf.batch.goodput import GoodputModel, choose_request
 from adloco_hf.batch.size_tests import GradientStatistics
+from adloco_hf.batch.startup_profile import LinkFit, StartupProfile
 from adloco_hf.batch.switch_mode import SwitchMode
 from adloco_hf.batch.throughput import RoundTiming, ThroughputProfile
 from adloco_hf.instances.table import Instance
 from adloco_hf.rounds.decision import decide_round
+from adloco_hf.rounds.first_round import first_round
 from adloco_hf.rounds.rows import WorkerReport
 
 
@@ -145,3 +147,77 @@ def test_a_report_carries_its_timings_through_the_all_gather_row():
     original = report(3, pass_seconds=0.123, half_seconds=0.05)
     assert WorkerReport.from_row(original.to_row()) == original
     assert WorkerReport.from_row(original.to_row()).timing.pass_points() == original.timing.pass_points()
+
+
+# ---- the startup profile (`batch/startup_profile.py`, `rounds/first_round.py`) ----
+PROFILE = StartupProfile(passes=((2, 0.03), (8, 0.06), (16, 0.1)), link=LinkFit(1e-3, 8e-8), payload_bytes=10_000_000)
+
+
+def test_with_the_startup_profile_no_measured_timing_enters_a_decision():
+    """`goodput_timing="startup"`: the step and round costs are the profile's for the instance's workers, whatever the
+    round measured: two rounds of very different timings take the same decision (a run is repeatable)."""
+    table = [Instance(0, (0, 1), 4)]
+    fast = [report(), report()]
+    slow = [report(pass_seconds=0.5, half_seconds=0.4, outer_seconds=9.0) for _ in range(2)]
+    decisions = [
+        decide_round(table, reports, outer_step=1, global_step=10, rules=rules(), inner_steps=10, startup=PROFILE)
+        for reports in (fast, slow)
+    ]
+    first, second = (d.lines[0] for d in decisions)
+    assert first.next_batch_size == second.next_batch_size
+    assert (first.goodput, first.goodput_kept, first.step_model) == (
+        second.goodput,
+        second.goodput_kept,
+        second.step_model,
+    )
+    times = PROFILE.step_model(2)
+    assert first.step_model == times.as_list()
+    expected = choose_request(
+        GoodputModel(times, first.noise_scale, 10, 2, 1, SwitchMode(16, 2.0), 4),
+        current=4, low=4, high=64, hysteresis=0.05,
+    )  # fmt: skip
+    assert first.next_batch_size == expected.request and first.goodput == expected.goodput
+    assert decisions[0].instances[0].throughput == ThroughputProfile()  # nothing measured is kept either
+
+
+def test_startup_live_and_live_read_the_rounds_timings():
+    table = [Instance(0, (0, 1), 4)]
+    reports = [report(), report(pass_seconds=0.06, half_seconds=0.04, outer_seconds=1.5)]
+    for timing in ("startup_live", "live"):
+        decision = decide_round(
+            table, reports, outer_step=1, global_step=10, rules=rules(goodput_timing=timing), inner_steps=10,
+            startup=PROFILE,
+        )  # fmt: skip
+        assert decision.lines[0].step_model == pytest.approx([0.01, 0.02, 0.01, 1.5])  # the measured ones
+
+
+def startup_statistics(variance: float, signal: float, half: int) -> GradientStatistics:
+    """A rank's startup estimate: two halves of `half` samples, per-sample variance `variance`, ‖∇F‖² `signal`."""
+    return GradientStatistics(variance, math.nan, math.nan, 1.0, signal + variance / (2 * half), float(2 * half))
+
+
+def test_the_first_request_is_the_rules_choice_under_the_profile_and_the_startup_noise():
+    table = [Instance(0, (0, 1), 4), Instance(1, (2, 3), 4)]
+    # Instance 0's gradient is noisy (B_noise 200), instance 1's is not (B_noise 2): only the first grows.
+    stats = [startup_statistics(200.0, 1.0, 16)] * 2 + [startup_statistics(2.0, 1.0, 16)] * 2
+    first = first_round(table, stats, PROFILE, rules(), inner_steps=10)
+    assert first.noise_scales == pytest.approx({0: 200.0, 1: 2.0})
+    for inst, start in zip(first.instances, table):
+        expected = choose_request(
+            GoodputModel(PROFILE.step_model(2), first.noise_scales[inst.id], 10, 2, 1, SwitchMode(16, 2.0), 4),
+            current=4, low=4, high=64, hysteresis=0.05,
+        )  # fmt: skip
+        assert first.choices[inst.id] == expected and inst.batch_size == expected.request
+        assert inst.noise == start.noise and inst.throughput == ThroughputProfile()  # averages start at round 1
+    assert first.instances[0].batch_size > 4 and first.instances[1].batch_size == 4
+
+
+def test_without_a_noise_scale_the_first_request_stays_and_startup_live_seeds_the_averages():
+    table = [Instance(0, (0, 1), 4)]
+    missing = [GradientStatistics.missing()] * 2
+    kept = first_round(table, missing, PROFILE, rules(), inner_steps=10)
+    assert kept.instances == table and kept.choices == {0: None} and math.isnan(kept.noise_scales[0])
+    negative = [startup_statistics(10.0, -5.0, 4)] * 2  # an estimate of ‖∇F‖² below 0 says nothing
+    assert first_round(table, negative, PROFILE, rules(), inner_steps=10).choices == {0: None}
+    live = first_round(table, missing, PROFILE, rules(goodput_timing="startup_live"), inner_steps=10)
+    assert live.instances[0].throughput == PROFILE.throughput_profile(2)

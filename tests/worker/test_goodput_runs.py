@@ -1,4 +1,5 @@
-"""`batch_size_target="goodput"` in real runs, timed by a deterministic clock (`helpers.StepClock`): the worker
+"""`batch_size_target="goodput"` measuring on the rounds (`goodput_timing="live"`; the startup profile's runs are in
+test_startup_profile_runs.py) in real runs, timed by a deterministic clock (`helpers.StepClock`): the worker
 measures the passes, the rest of each step and the outer step as the clock says; every decision is the pure rule's on
 what the rounds file logs; a run stopped and resumed from a checkpoint takes the uninterrupted run's decisions (the
 cost averages are in the checkpoint); and the same with 2 workers of 2 processes, 2 instances that merge (compact
@@ -37,7 +38,7 @@ from adloco_hf.batch.throughput import StepTimeModel
 CLOCK = dict(per_step=0.005, per_pass=0.01, per_sample=0.002, per_round=[0.6, 0.2, 0.4])
 GOODPUT = dict(
     batch_size_target="goodput", per_device_train_batch_size=2, max_batch_size=4, batch_size_cap=16,
-    lr_batch_scaling="sqrt", inner_steps=5,
+    lr_batch_scaling="sqrt", inner_steps=5, goodput_timing="live",
 )  # fmt: skip
 # The goodput rule's figures: equal up to the float round-off of the clock's differences (its absolute time differs).
 MEASURED_KEYS = ("goodput", "goodput_kept", "step_model", "noise_scale")

@@ -15,7 +15,7 @@ from adloco_hf.evaluation.view import EvaluationSettings
 from adloco_hf.instances.merges import MergeSettings
 from adloco_hf.outer.settings import OuterSettings
 from adloco_hf.rounds.rules import RoundRules
-from adloco_hf.worker.settings import StartSettings, StepSettings, WorkerSettings
+from adloco_hf.worker.settings import ProfileSettings, StartSettings, StepSettings, WorkerSettings
 
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "adloco_hf"
@@ -95,6 +95,7 @@ def test_the_settings_are_built_in_one_place_each():
         ("worker/core.py", "from_args", "WorkerSettings"),  # Worker.from_args(args), once per run
         ("worker/settings.py", "from_args", "StartSettings"),  # ... holding how training starts
         ("worker/settings.py", "from_args", "StepSettings"),  # ... the inner steps' settings
+        ("worker/settings.py", "from_args", "ProfileSettings"),  # ... the startup profile's
         ("worker/settings.py", "from_args", "OuterSettings"),  # ... and the outer step's
         ("rounds/rules.py", "get", "RoundRules"),  # again only when the micro-batch limit or shard changes
         ("trainer/trainer.py", "__init__", "EvaluationSettings"),  # AdLoCoTrainer(...), once per run
@@ -125,6 +126,7 @@ def test_the_settings_hold_the_configs_values(tmp_path):
         merge_payload="compact",
         batch_size_test="augmented_inner_product",
         batch_size_target="goodput",
+        goodput_timing="startup_live",
         batch_size_cap=60,
         noise_preconditioner="adam",
         lr_batch_scaling="sqrt_adam",
@@ -159,6 +161,13 @@ def test_the_settings_hold_the_configs_values(tmp_path):
             batch_size_cap=60,
             max_batch_size=7,
             memory_fraction=0.55,
+        ),
+        profile=ProfileSettings(
+            enabled=True,
+            statistics=False,  # Adam's metric: no second moments before the first step
+            precision="fp32",
+            compiled=False,
+            backend="default",  # ddp_backend unset: the one accelerate picks
         ),
         steps=StepSettings(
             batch_size_test="augmented_inner_product",

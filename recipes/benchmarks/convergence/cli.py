@@ -7,6 +7,7 @@ from recipes.benchmarks.convergence.comparison import compare, to_target
 from recipes.benchmarks.convergence.figure import plot
 from recipes.benchmarks.convergence.report import format_report, summary
 from recipes.benchmarks.convergence.seeds import CURVES, aggregate
+from recipes.benchmarks.convergence.study import format_study, plot_study, run_study, study_results
 from recipes.benchmarks.convergence.virtual import format_virtual, plot_virtual
 from recipes.benchmarks.convergence.virtual_runs import run_virtual, virtual_results
 from recipes.benchmarks.toolkit.methods import METHODS
@@ -59,9 +60,11 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"skipping {', '.join(skipped)}: a slow worker needs a cgroup with a CPU quota ({unavailable})")
     print("preparing data and the initial perplexities ...", flush=True)
     initial_ppl = {}
-    for seed in seeds:
+    for seed in seeds + [args.selection_seed + i for i in range(args.selection_seeds)]:
         initial_ppl[seed], train_tokens = prepare(settings, seed)
     check_epochs(settings, train_tokens, args.allow_repeats)
+    if args.selection_seeds:
+        return _study(args, settings, output_dir, seeds, names, initial_ppl, start)
     if args.clock == "virtual":
         return _virtual(args, settings, output_dir, seeds, names, initial_ppl, start)
     per_seed: dict[str, dict[int, dict]] = {name: {} for name in names}
@@ -132,5 +135,31 @@ def _virtual(args, settings, output_dir, seeds, names, initial_ppl, start) -> di
     write_json(os.path.join(output_dir, "results.json"), results)
     write_report(output_dir, format_virtual(results))
     print(f"wrote {plot_virtual(results, os.path.join(output_dir, 'convergence_virtual.png'))}")
+    print(f"wrote {os.path.join(output_dir, 'results.json')} ({results['total_seconds']:.0f}s in all)")
+    return results
+
+
+def _study(args, settings, output_dir, seeds, names, initial_ppl, start) -> dict:
+    """`--selection_seeds`: the best fixed batch picked on selection seeds, compared on the others (`study.py`)."""
+    count = [0]
+
+    def progress(what: str) -> None:
+        count[0] += 1
+        print(f"--- run {count[0]}: {what} ({time.perf_counter() - start:.0f}s so far)", flush=True)
+
+    runs = run_study(args, settings, output_dir, seeds, names, progress)
+    results = study_results(runs, settings, initial_ppl, args.guess, args.target_time_ratio)
+    results.update(
+        settings={k: v for k, v in settings.items() if k != "clock"},
+        seeds=seeds,
+        initial_eval_ppl=initial_ppl,
+        methods=names,
+        best_fixed=runs["best"],
+        command=" ".join(["python -m recipes.benchmarks.convergence", *(args.argv or [])]),
+        total_seconds=time.perf_counter() - start,
+    )
+    write_json(os.path.join(output_dir, "results.json"), results)
+    write_report(output_dir, format_study(results))
+    print(f"wrote {plot_study(results, os.path.join(output_dir, 'study.png'))}")
     print(f"wrote {os.path.join(output_dir, 'results.json')} ({results['total_seconds']:.0f}s in all)")
     return results

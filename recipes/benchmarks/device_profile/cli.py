@@ -64,6 +64,15 @@ def main(argv: list[str] | None = None) -> dict:
             source=f"{args.step_profile}: overhead --step_profile ({step.get('processes', '?')} processes on "
             f"{step.get('device', 'cpu')}); made by `{command}`",
             measured={"sizes": sorted(int(b) for b in step["micro_batch_seconds"])},
+            measured_sizes=sorted(int(b) for b in step["micro_batch_seconds"]),
+            sources={
+                "micro_batch_seconds": "measured at every size listed; others interpolated or extrapolated",
+                "optimizer_seconds": "measured",
+                "step_overhead_seconds": "measured",
+                "outer_seconds": "measured",
+                "statistics_seconds": "not measured (0)",
+                "max_micro_batch": "none (no memory limit measured)",
+            },
             interpolated="Sizes between the measured ones piecewise linear, beyond them linear through the two "
             "nearest (link_model.DeviceProfile).",
         )

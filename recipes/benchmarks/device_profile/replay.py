@@ -32,6 +32,7 @@ import os
 import statistics
 
 from recipes.benchmarks.gpu_bench import LAUNCHES_SUFFIX
+from recipes.benchmarks.toolkit.device_profiles import PRICED
 from recipes.benchmarks.toolkit.figures import pyplot, save_figure
 from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, control_seconds
 from recipes.benchmarks.toolkit.results import write_json
@@ -55,6 +56,14 @@ ROW_KEYS = (
     "comm_bytes",
     "merge_seconds",
 )  # what the replay reads of a rounds file's line
+
+
+# How the fitted profile's quantities were obtained (`toolkit/device_profiles.py`'s `sources`).
+FITTED_SOURCES = {
+    "micro_batch_seconds": "fitted: α + β b over the steps of the fitting launches (no size measured alone)",
+    "outer_seconds": "fitted: a round's seconds beyond its inner steps and its all-reduce",
+    "max_micro_batch": "none (not measured)",
+}
 
 
 def pack_launch(folder: str) -> dict:
@@ -254,6 +263,8 @@ def main(argv: list[str] | None = None) -> dict:
             {
                 **profile.to_json(),
                 "fitted": fitted,
+                "measured_sizes": [],
+                "sources": {key: FITTED_SOURCES.get(key, "not measured (0)") for key in PRICED},
                 "source": f"{args.results}: "
                 f"gpu_bench {args.fit}'s launches; made by `python -m recipes.benchmarks.device_profile.replay`",
             },

@@ -2,8 +2,10 @@
 
 A profile file is a `link_model.DeviceProfile` as JSON (`micro_batch_seconds` {b: seconds of one forward/backward of
 b sequences}, `optimizer_seconds`, `outer_seconds`, `statistics_seconds`, `max_micro_batch`) plus its provenance:
-`source` (the measurement it was derived from and the command that made it), `measured` (the figures read from that
-measurement) and `interpolated` (what the measurement does not give and how it was filled in). The kept ones live in
+`source` (the measurement it was derived from and the command that made it), `measured_sizes` (the micro-batch
+sizes whose seconds were measured: every other size is interpolated, extrapolated or fitted), `sources` (for each
+priced quantity whether it was measured, fitted or estimated, and how: `PRICED`), and what the measurement read
+(`measured`) and how the rest was filled in (`interpolated`). The kept ones live in
 `docs/results/device_profiles/` (`python -m recipes.benchmarks.device_profile` writes them).
 
 `profile_from_throughput` derives one from `gpu_bench`'s throughput step (`throughput-300m.json`: the `Trainer`,
@@ -25,9 +27,18 @@ import json
 import math
 
 
-__all__ = ["REQUIRED", "load_profile", "profile_from_throughput"]
+__all__ = ["PRICED", "REQUIRED", "load_profile", "profile_from_throughput"]
 
-REQUIRED = ("micro_batch_seconds", "source")
+REQUIRED = ("micro_batch_seconds", "source", "measured_sizes", "sources")
+# What the virtual clock prices from a profile: each has its provenance in the file's `sources`.
+PRICED = (
+    "micro_batch_seconds",
+    "optimizer_seconds",
+    "step_overhead_seconds",
+    "outer_seconds",
+    "statistics_seconds",
+    "max_micro_batch",
+)
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -41,6 +52,11 @@ def load_profile(path: str) -> dict:
     seconds = profile["micro_batch_seconds"]
     if not seconds or any(not float(s) > 0 for s in seconds.values()):
         raise ValueError(f"{path}: micro_batch_seconds must give positive seconds for at least one size")
+    unsourced = [key for key in PRICED if not profile["sources"].get(key)]
+    if unsourced:
+        raise ValueError(
+            f"{path}: `sources` must say how {', '.join(unsourced)} were obtained (measured or estimated)"
+        )
     return profile
 
 
@@ -85,6 +101,15 @@ def profile_from_throughput(
         "statistics_seconds": max(statistics, 0.0),
         "max_micro_batch": largest,
         "source": source,
+        "measured_sizes": [batch],
+        "sources": {
+            "micro_batch_seconds": f"measured at {batch}; every other size on the line α + β b with α estimated",
+            "optimizer_seconds": "estimated (given)",
+            "step_overhead_seconds": "not measured (0)",
+            "outer_seconds": "measured: AdLoCo's timed window less the Trainer's, per round",
+            "statistics_seconds": "measured: the statistics run's window less AdLoCo's, per round, less one α",
+            "max_micro_batch": f"extrapolated from the peak memory at {batch}",
+        },
         "measured": {
             "batch": batch,
             "adloco_step_seconds_median": step,

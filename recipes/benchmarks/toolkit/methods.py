@@ -207,6 +207,8 @@ METHODS: dict[str, dict] = {
     # b32 runs as two micro-batches of 16 on the CPU profile; the virtual clock's profile sets its own micro-batch
     # limit for every method (`settings.method_spec`), which runs it whole on an H200.
     "diloco_b32": {"kind": "adloco", "adloco": {**DILOCO, **FIXED_BATCH}, "batch_size": 32},
+    # Issue 51's sweep of fixed batches (4 to 64), from which the best is chosen on selection seeds.
+    "diloco_b64": {"kind": "adloco", "adloco": {**DILOCO, **FIXED_BATCH}, "batch_size": 64},
     "adloco_goodput": {"kind": "adloco", "adloco": {**ADLOCO, **GOODPUT}, "budget_factor": 1.5},
     # adloco_goodput with the norm test's request instead of the goodput rule (everything else the same: instances,
     # merges, micro-batch 16, square-root learning rate, compact merges): what the rule itself adds.
@@ -219,6 +221,20 @@ METHODS: dict[str, dict] = {
         "kind": "adloco",
         "adloco": {**DILOCO, **GOODPUT, "batch_size_test": "norm"},
         "budget_factor": 1.5,
+    },
+    # Issue 51's study (run only when named): the goodput rule as `adloco_goodput` (its startup profile, the
+    # default `goodput_timing="startup"`), without the profile (`"live"`: the rounds' timings from the initial
+    # request, the rule of issue 39), and with the inner learning rate held or following Malladi et al.'s whole
+    # square-root rule for Adam instead of the square root alone. Each trains 1.25 × the budget: enough to measure
+    # a time to the best fixed batch's perplexity up to 1.25 × its own.
+    **{
+        name: {"kind": "adloco", "adloco": {**ADLOCO, **GOODPUT, **changed}, "budget_factor": 1.25}
+        for name, changed in {
+            "rule_startup": {"goodput_timing": "startup"},
+            "rule_live": {"goodput_timing": "live"},
+            "rule_startup_lr_held": {"goodput_timing": "startup", "lr_batch_scaling": "none"},
+            "rule_startup_sqrt_adam": {"goodput_timing": "startup", "lr_batch_scaling": "sqrt_adam"},
+        }.items()
     },
 }
 # What runs without --methods: the comparison and its ablations (the 9 methods of docs/results.md's tables).

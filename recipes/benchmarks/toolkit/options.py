@@ -3,6 +3,7 @@
 
 import argparse
 import os
+import sys
 
 from recipes.benchmarks.toolkit.methods import DEFAULT_METHODS, METHODS
 from recipes.benchmarks.toolkit.settings import check_matched
@@ -91,11 +92,34 @@ def parse_run_args(argv: list[str] | None = None, description: str | None = None
         "--seeds", type=int, default=3, help="Seeds per method (model weights and data order): seed, seed + 1, ..."
     )
     parser.add_argument(
+        "--selection_seeds",
+        type=int,
+        default=0,
+        help="With --clock virtual: run the fixed batches of --methods on this many selection seeds first, pick the "
+        "best per bandwidth there, and compare only it with the other methods on the --seeds (convergence/study.py).",
+    )
+    parser.add_argument("--selection_seed", type=int, default=100, help="The first selection seed.")
+    parser.add_argument(
+        "--guess",
+        default=None,
+        choices=list(METHODS),
+        help="With --selection_seeds: run this method on the selection seeds too and compare it with every fixed "
+        "batch of the sweep (what a batch picked without a sweep costs).",
+    )
+    parser.add_argument(
+        "--target_time_ratio",
+        type=float,
+        default=1.0,
+        help="With --selection_seeds: the target of a method's time to the best fixed batch's perplexity over that "
+        "batch's (issue 51: 1.0; 0.85 in a long regime).",
+    )
+    parser.add_argument(
         "--allow_repeats",
         action="store_true",
         help="Allow a budget above one epoch of the train split (samples are then seen more than once).",
     )
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command that regenerates the results
     if args.fp16 and args.device != "cuda":
         parser.error("--fp16 needs --device cuda")
     if args.seeds < 1:
@@ -106,6 +130,13 @@ def parse_run_args(argv: list[str] | None = None, description: str | None = None
     if problem:
         parser.error(problem)
     check_clock(parser, args)
+    if args.selection_seeds:
+        if args.clock != "virtual":
+            parser.error("--selection_seeds compares in virtual seconds: add --clock virtual")
+        if not any("batch_size" in METHODS[n] for n in args.methods):
+            parser.error("--selection_seeds picks the best fixed batch: name some in --methods (diloco_b4, ...)")
+    if args.guess is not None and not args.selection_seeds:
+        parser.error("--guess runs on the selection seeds: add --selection_seeds")
     return args
 
 

@@ -216,8 +216,11 @@ def virtual_clock_settings(args: argparse.Namespace) -> dict:
     budgets = args.budget_virtual_seconds
     if budgets is not None and len(budgets) == 1:
         budgets = budgets * len(bandwidths)
+    # The provenance of each priced figure stays in the file: a run's spec holds what the clock prices (so that runs
+    # made before a profile said what it measured are still reused by `--reuse`).
+    profile = {k: v for k, v in load_profile(args.device_profile).items() if k not in ("measured_sizes", "sources")}
     return {
-        "profile": load_profile(args.device_profile),
+        "profile": profile,
         "profile_file": os.path.relpath(os.path.abspath(args.device_profile), REPO),
         "labels": bandwidths,
         "bandwidths": [parse_rate(b) for b in bandwidths],

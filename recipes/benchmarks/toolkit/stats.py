@@ -16,6 +16,7 @@ __all__ = [
     "nice_ceiling",
     "paired_interval",
     "ratio",
+    "sign_test",
     "t_quantile_975",
 ]
 
@@ -157,3 +158,13 @@ def paired_interval(ratios: Sequence[float]) -> dict:
         return {"mean": math.exp(mean), "low": None, "high": None, "n": 1}
     half = t_quantile_975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     return {"mean": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half), "n": len(logs)}
+
+
+def sign_test(successes: int, trials: int) -> float:
+    """The two-sided exact sign test: the probability, with each of `trials` paired comparisons equally likely to go
+    either way, of a split at least as uneven as `successes` against the rest (1 without trials)."""
+    if trials <= 0:
+        return 1.0
+    low = min(successes, trials - successes)
+    tail = sum(math.comb(trials, k) for k in range(low + 1)) / 2**trials
+    return min(1.0, 2 * tail)

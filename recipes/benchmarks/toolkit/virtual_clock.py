@@ -13,6 +13,7 @@ the prices in those announcements:
   statistics: what the statistics step costs beyond its passes), the ring all-reduce of the payload the round really
   sent among the instance's workers (`ring_all_reduce_seconds`: 2 (M − 1) hops of latency + payload / M each; one
   bucket), and the round end's two small collectives over all workers (`control_seconds`);
+- the startup profile's probe of the links (`all_reduce(workers=, payload_bytes=)`): the ring all-reduce alone;
 - a merge: the busiest rank's sent bytes on its link, plus one latency: a lower bound of the merge's link time (a
   hand-off that an all-reduce then waits for takes up to about twice it; docs/results.md, issue 25).
 
@@ -95,6 +96,12 @@ class VirtualClock(Clock):
         self.seconds = [
             s + local + ring_all_reduce_seconds(payload_bytes, workers, link) + control_seconds(self.world, link)
             for s, link in zip(self.seconds, self.links)
+        ]
+
+    def all_reduce(self, *, workers: int, payload_bytes: int) -> None:
+        payload_bytes = payload_bytes * self.bytes_scale
+        self.seconds = [
+            s + ring_all_reduce_seconds(payload_bytes, workers, link) for s, link in zip(self.seconds, self.links)
         ]
 
     def merge(self, *, round_number: int, sent_bytes: tuple[int, ...]) -> None:

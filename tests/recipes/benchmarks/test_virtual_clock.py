@@ -156,11 +156,11 @@ def test_the_virtual_command_line_and_each_methods_spec(tmp_path, capsys):
                                 "--methods", "diloco_b4"])  # fmt: skip
 
 
-def _virtual_run(output_dir):
+def _virtual_run(output_dir, timing):
     profile = DeviceProfile.from_json(device_profiles.load_profile(H200))
     args = tiny_run_config(
         output_dir, max_steps=30, batch_size_target="goodput", lr_batch_scaling="sqrt", per_device_train_batch_size=2,
-        max_batch_size=4, batch_size_cap=16, inner_steps=5, batch_size_test="norm", seed=7,
+        max_batch_size=4, batch_size_cap=16, inner_steps=5, batch_size_test="norm", seed=7, goodput_timing=timing,
     )  # fmt: skip
     trainer = AdLoCoTrainer(model=tiny_model(), args=args, train_dataset=sequence_dataset(512))
     clock = VirtualClock(profile, [Link(1e8)], world=1, statistics=True)
@@ -169,11 +169,13 @@ def _virtual_run(output_dir):
     return clock, rounds_of(args.output_dir)
 
 
-def test_a_run_timed_by_the_virtual_clock_repeats_its_seconds_and_the_rule_reads_the_profile(tmp_path):
-    """The goodput rule on one worker, twice with the same seed: the same virtual
-    seconds to the last bit, the same requests and losses; the rule's step model is the profile's α and β."""
-    first_clock, first = _virtual_run(tmp_path / "a")
-    second_clock, second = _virtual_run(tmp_path / "b")
+@pytest.mark.parametrize("timing", ["startup", "live"])
+def test_a_run_timed_by_the_virtual_clock_repeats_its_seconds_and_the_rule_reads_the_profile(tmp_path, timing):
+    """The goodput rule on one worker, twice with the same seed: the same virtual seconds to the last bit, the same
+    requests and losses; the rule's step model is the device profile's α and β, measured by the startup profile
+    (which times no optimizer step and, with one worker, no link) or on the rounds (with ω and the round's cost)."""
+    first_clock, first = _virtual_run(tmp_path / "a", timing)
+    second_clock, second = _virtual_run(tmp_path / "b", timing)
     assert first_clock.seconds == second_clock.seconds and first_clock.seconds[0] > 0
     keys = ("batch_size", "next_batch_size", "train_loss", "outer_seconds", "goodput", "step_model")
     assert [{k: line.get(k) for k in keys} for line in first] == [{k: line.get(k) for k in keys} for line in second]
@@ -181,8 +183,11 @@ def test_a_run_timed_by_the_virtual_clock_repeats_its_seconds_and_the_rule_reads
         profile = json.load(f)
     beta = (profile["micro_batch_seconds"]["32"] - profile["micro_batch_seconds"]["1"]) / 31
     omega, alpha, per_sample, per_round = first[0]["step_model"]
-    assert (omega, alpha, per_sample) == pytest.approx((0.002, 0.003, beta), rel=1e-6)
-    assert per_round == pytest.approx(profile["outer_seconds"] + profile["statistics_seconds"], rel=1e-6)
+    if timing == "startup":
+        assert (omega, alpha, per_sample, per_round) == pytest.approx((0.0, 0.003, beta, 0.0), rel=1e-6)
+    else:
+        assert (omega, alpha, per_sample) == pytest.approx((0.002, 0.003, beta), rel=1e-6)
+        assert per_round == pytest.approx(profile["outer_seconds"] + profile["statistics_seconds"], rel=1e-6)
     assert any(line["next_batch_size"] != line["batch_size"] for line in first)  # the rule moved the request
 
 
