@@ -49,13 +49,14 @@ if TYPE_CHECKING:
     from .outer.step import ring_all_reduce_bytes
     from .reporting.plotting import PLOT_FILE, plot_run
     from .reporting.report import format_summary, summarize_run
-    from .reporting.run_log import MERGED, group_by_round, is_finite_number, load_evals, load_rounds
+    from .reporting.run_log import MERGED, PROFILE_FILE, group_by_round, is_finite_number, load_evals, load_rounds
 
 
 __all__ = [
     "MERGED",
     "OUTER_BUCKET_NUMEL",
     "PLOT_FILE",
+    "PROFILE_FILE",
     "SPLIT_COLUMN",
     "Clock",
     "GoodputModel",
@@ -94,6 +95,7 @@ _EXPORTS = {  # name → (module, name there): imported on first use, so a reade
     "MergePlan": (".instances.table", "MergePlan"),
     "OUTER_BUCKET_NUMEL": (".outer.step", "BUCKET_NUMEL"),
     "PLOT_FILE": (".reporting.plotting", "PLOT_FILE"),
+    "PROFILE_FILE": (".reporting.run_log", "PROFILE_FILE"),
     "SPLIT_COLUMN": (".data.python_source", "SPLIT_COLUMN"),
     "StepTimeModel": (".batch.throughput", "StepTimeModel"),
     "SwitchMode": (".batch.switch_mode", "SwitchMode"),

@@ -148,7 +148,7 @@ def _study(args, settings, output_dir, seeds, names, initial_ppl, start) -> dict
         print(f"--- run {count[0]}: {what} ({time.perf_counter() - start:.0f}s so far)", flush=True)
 
     runs = run_study(args, settings, output_dir, seeds, names, progress)
-    results = study_results(runs, settings, initial_ppl, args.guess, args.target_time_ratio)
+    results = study_results(runs, settings, initial_ppl, args.guess, args.target_time_ratio, output_dir)
     results.update(
         settings={k: v for k, v in settings.items() if k != "clock"},
         seeds=seeds,

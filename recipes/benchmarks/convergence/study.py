@@ -18,8 +18,10 @@ Every time is in virtual seconds on the run's own clock (`toolkit/virtual_clock.
 that ends its last round past the budget) is compared on its curve, never on its final line.
 """
 
+import json
 import os
 
+from adloco_hf.inspection import PROFILE_FILE
 from recipes.benchmarks.convergence.seeds import mean_curve, mean_sd
 from recipes.benchmarks.convergence.virtual import link_curve
 from recipes.benchmarks.convergence.virtual_runs import run_summary
@@ -220,8 +222,33 @@ def study_targets(comparisons: dict, methods: list[str], bounds: dict | None = N
     return out
 
 
-def study_results(runs: dict, settings: dict, initial_ppl: dict, guess: str | None, target_mean: float) -> dict:
-    """The comparison per bandwidth, the curves it read, every run's summary and the targets."""
+def profile_costs(runs: dict, settings: dict, output_dir: str) -> dict:
+    """Per bandwidth, what each comparison run's startup profile cost (its `adloco_startup_profile.json`, in virtual
+    seconds) against 100 of the run's own rounds (its mean virtual seconds a round): issue 51's ≤ 2 % target."""
+    out = {}
+    for label in settings["clock"]["labels"]:
+        costs = []
+        for name, by_label in runs["comparison"].items():
+            for seed, (result, link) in by_label[label].items():
+                folder = method_spec(name, settings, output_dir, seed=seed)["output_dir"]
+                path = os.path.join(folder, label, PROFILE_FILE)
+                ends = result.get("virtual_round_ends") or []
+                if not os.path.exists(path) or not ends:
+                    continue
+                with open(path, encoding="utf-8") as f:
+                    seconds = json.load(f)["seconds"]
+                per_round = (ends[-1][1 + link] - seconds) / ends[-1][0]
+                costs.append({"method": name, "seed": seed, "profile_seconds": seconds, "round_seconds": per_round,
+                              "share_of_100_rounds": seconds / (100 * per_round)})  # fmt: skip
+        out[label] = costs
+    return out
+
+
+def study_results(
+    runs: dict, settings: dict, initial_ppl: dict, guess: str | None, target_mean: float, output_dir: str
+) -> dict:
+    """The comparison per bandwidth, the curves it read, every run's summary, the startup profiles' cost and the
+    targets."""
     clock = settings["clock"]
     comparisons, curves, summaries = {}, {}, {}
     for index, label in enumerate(clock["labels"]):
@@ -239,6 +266,7 @@ def study_results(runs: dict, settings: dict, initial_ppl: dict, guess: str | No
         "study_runs": summaries,
         "selection_seeds": runs["selection_seeds"],
         "study_targets": study_targets(comparisons, methods, {"mean": target_mean}),
+        "startup_profile_costs": profile_costs(runs, settings, output_dir),
         "clock": {k: v for k, v in clock.items() if k != "profile"},
         "device_profile": clock["profile"],
     }
@@ -294,6 +322,14 @@ def format_study(results: dict) -> str:
                 f"\n{guess['method']} against every fixed batch of the sweep, selection seeds (time to the batch's ppl "
                 f"at the budget / its time): {_interval(guess)}, {len(guess['seeds'])} of {total} pairs reached, "
                 f"faster:slower {guess['faster']}:{guess['slower']} (sign test p {guess['sign_test_p']:.3f})"
+            )
+    for label, costs in results.get("startup_profile_costs", {}).items():
+        if costs:
+            shares = [c["share_of_100_rounds"] for c in costs]
+            lines.append(
+                f"\n{label}: the startup profile cost {min(c['profile_seconds'] for c in costs):.3g}-"
+                f"{max(c['profile_seconds'] for c in costs):.3g} virtual s, {100 * min(shares):.2f}-{100 * max(shares):.2f} "
+                f"% of 100 of the run's own rounds ({len(costs)} runs)"
             )
     for name, target in results.get("study_targets", {}).items():
         verdict = {True: "holds", False: "MISSED"}[target["holds"]]

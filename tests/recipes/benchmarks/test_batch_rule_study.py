@@ -11,7 +11,7 @@ import pytest
 
 from recipes.benchmarks import convergence
 from recipes.benchmarks.convergence import study
-from recipes.benchmarks.toolkit import device_profiles, stats
+from recipes.benchmarks.toolkit import device_profiles, settings, stats
 from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, ring_all_reduce_seconds
 from recipes.benchmarks.toolkit.paths import REPO
 from recipes.benchmarks.toolkit.virtual_clock import VirtualClock
@@ -121,3 +121,20 @@ def test_every_kept_device_profile_says_which_figures_were_measured_and_which_es
     path.write_text(json.dumps(unsourced))
     with pytest.raises(ValueError, match="optimizer_seconds"):
         device_profiles.load_profile(str(path))
+
+
+def test_the_startup_profiles_cost_is_counted_against_a_hundred_of_the_runs_own_rounds(tmp_path):
+    argv = ["--clock", "virtual", "--device_profile", "docs/results/device_profiles/nvidia-h200-microllama.json",
+            "--bandwidth", "10gbit", "--budget_virtual_seconds", "2", "--methods", "diloco_b4", "rule_startup",
+            "--selection_seeds", "1"]  # fmt: skip
+    shared = settings.shared_settings(convergence.parse_args(argv))
+    folder = os.path.join(settings.method_spec("rule_startup", shared, str(tmp_path), seed=42)["output_dir"], "10gbit")
+    os.makedirs(folder)
+    with open(os.path.join(folder, "adloco_startup_profile.json"), "w") as f:
+        json.dump({"seconds": 0.5}, f)
+    # 10 rounds ended at 20.5 virtual s, 0.5 of them the profile's: 2 s a round.
+    runs = {"comparison": {"rule_startup": {"10gbit": {42: ({"virtual_round_ends": [[10, 20.5]]}, 0)}},
+                           "diloco_b4": {"10gbit": {42: ({"virtual_round_ends": [[10, 20.0]]}, 0)}}}}  # fmt: skip
+    (cost,) = study.profile_costs(runs, shared, str(tmp_path))["10gbit"]
+    assert cost == {"method": "rule_startup", "seed": 42, "profile_seconds": 0.5, "round_seconds": 2.0,
+                    "share_of_100_rounds": 0.5 / 200}  # fmt: skip
