@@ -166,10 +166,10 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
         batch_size_target (`str`, *optional*, defaults to `"auto"`):
             `"auto"` is `"goodput"` with the norm test (the default `batch_size_test`) and `"test"` with any other
             test (the inner-product tests' requests; `"none"`: a fixed batch); it is resolved when the config is
-            built, so the config, its JSON and a checkpoint's settings hold the rule that ran. The goodput rule
-            reached DiLoCo's final perplexity in 0.84 × its seconds on an H200 where the norm test never did, and
-            ended below the norm test in every paired comparison on CPUs ([docs/choosing_settings.md]); the paper's
-            norm test is `batch_size_target="test"`.
+            built, so the config, its JSON and a checkpoint's settings hold the rule that ran. The goodput rule ended
+            below the norm test's perplexity in every paired comparison; against a fixed batch it wins or loses by
+            regime, each figure with its baseline in docs/choosing_settings.md; the paper's norm test is
+            `batch_size_target="test"`.
             `"test"`: the request is the norm test's; `"noise_scale"`: `noise_scale_multiple` × the estimated
             noise scale tr Σ / ‖∇F‖² (the norm test's own fixed point is (1 − η²) / η² of it, 0.56 at η = 0.8);
             `"goodput"`: the request from `batch_size_floor` up of the highest goodput, throughput ×

@@ -222,13 +222,18 @@ METHODS: dict[str, dict] = {
         "adloco": {**DILOCO, **GOODPUT, "batch_size_test": "norm"},
         "budget_factor": 1.5,
     },
-    # Issue 51's study (run only when named): the goodput rule as `adloco_goodput` (its startup profile, the
-    # default `goodput_timing="startup"`), without the profile (`"live"`: the rounds' timings from the initial
-    # request, the rule of issue 39), and with the inner learning rate held or following Malladi et al.'s whole
-    # square-root rule for Adam instead of the square root alone. Each trains 1.25 × the budget: enough to measure
-    # a time to the best fixed batch's perplexity up to 1.25 × its own.
+    # Issue 51's study (run only when named): the batch rule against fixed batches in the same structure, DiLoCo's
+    # one instance of 4 workers (the library's default `num_instances=1`), so that the rule is all that differs:
+    # the goodput rule from its startup profile (the default `goodput_timing="startup"`), without the profile
+    # (`"live"`: the rounds' timings from the initial request, the rule of issue 39), and with the inner learning
+    # rate held or following Malladi et al.'s whole square-root rule for Adam instead of the square root alone. Each
+    # trains 1.25 × the budget: enough to measure a time to the best fixed batch's perplexity up to 1.25 × its own.
     **{
-        name: {"kind": "adloco", "adloco": {**ADLOCO, **GOODPUT, **changed}, "budget_factor": 1.25}
+        name: {
+            "kind": "adloco",
+            "adloco": {**DILOCO, **GOODPUT, "batch_size_test": "norm", **changed},
+            "budget_factor": 1.25,
+        }  # fmt: skip
         for name, changed in {
             "rule_startup": {"goodput_timing": "startup"},
             "rule_live": {"goodput_timing": "live"},
