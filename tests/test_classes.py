@@ -1,5 +1,6 @@
-"""The package's classes are parts that own their state: small (at most 15 attributes), no mixins sharing `self`, no
-module reading another module's private members, and switch mode planned in one place.
+"""The package's classes are parts that own their state: small (at most 15 attributes), no mixins sharing `self` (by
+name, by bases, or a base without `__init__` reading members its subclasses set), no module reading another module's
+private members or writing another object's private attributes, and switch mode planned in one place.
 
 Read from the code (`ast`), like `test_layout.py`: a class's attributes are the names it assigns on `self` in any
 method and its dataclass fields.
@@ -88,6 +89,84 @@ def test_no_class_is_a_mixin():
     assert not mixed, f"mixins: {mixed}"
 
 
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def defined_in_class(cls: ast.ClassDef) -> set[str]:
+    """What a class gives itself: its methods, nested classes, class-level values and what it assigns on `self`."""
+    names = set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {part.id for target in node.targets for part in ast.walk(target) if isinstance(part, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and node.value is not None and isinstance(node.target, ast.Name):
+            names.add(node.target.id)  # an annotation alone declares a name, it does not set it
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and is_self(node.value):
+            names.add(node.attr)
+    return names
+
+
+def is_self(value: ast.expr) -> bool:
+    return isinstance(value, ast.Name) and value.id in ("self", "cls")
+
+
+def has_init(cls: ast.ClassDef) -> bool:
+    """An `__init__` of its own, or a generated one (a dataclass's)."""
+    decorators = {ast.unparse(d.func if isinstance(d, ast.Call) else d).split(".")[-1] for d in cls.decorator_list}
+    return "dataclass" in decorators or any(
+        isinstance(node, ast.FunctionDef) and node.name == "__init__" for node in cls.body
+    )
+
+
+def mixin_reads(found: list[tuple[str, ast.ClassDef]]) -> dict[str, list[str]]:
+    """Base classes of the package's own classes that have no `__init__` and read on `self` what neither they nor
+    their own package bases set or define: members their subclasses must provide, a mixin's shared `self`."""
+    by_name = {cls.name: cls for _, cls in found}
+    subclassed = {ast.unparse(base).split(".")[-1] for _, cls in found for base in cls.bases}
+
+    def given(cls: ast.ClassDef) -> set[str]:
+        bases = [by_name[b] for b in (ast.unparse(base).split(".")[-1] for base in cls.bases) if b in by_name]
+        return defined_in_class(cls).union(*(given(base) for base in bases))
+
+    mixins = {}
+    for name, cls in found:
+        if cls.name not in subclassed or has_init(cls):
+            continue
+        read = {
+            node.attr
+            for node in ast.walk(cls)
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and is_self(node.value)
+        }
+        missing = sorted(read - given(cls))
+        if missing:
+            mixins[name] = missing
+    return mixins
+
+
+def test_no_base_class_reads_members_its_subclasses_must_set():
+    """A part is handed what it reads (`__init__`), rather than reading members that the classes using it set."""
+    mixins = mixin_reads(classes())
+    assert not mixins, "mixins (make each a part with an `__init__`, owned by the classes using it):\n" + "\n".join(
+        f"{name} reads {missing}" for name, missing in mixins.items()
+    )
+
+
+def test_the_mixin_check_finds_a_base_reading_its_subclasses_members():
+    source = (
+        "class Plans:\n    def plan(self):\n        return self._position(), self.size, self.steps()\n\n"
+        "    def steps(self):\n        return 1\n\n\n"
+        "class Owned:\n    def __init__(self, size):\n        self.size = size\n\n    def plan(self):\n"
+        "        return self.size, self.other\n\n\n"
+        "class Sampler(Plans):\n    size = 1\n\n    def _position(self):\n        return 0\n\n\n"
+        "class Child(Owned):\n    pass\n"
+    )
+    found = [(f"m.py:{node.name}", node) for node in ast.parse(source).body]
+    assert mixin_reads(found) == {"m.py:Plans": ["_position", "size"]}
+
+
 def private_names_defined(tree: ast.Module) -> set[str]:
     """The `_private` names a module defines: functions, classes, attributes set on any object, class fields."""
     names = set()
@@ -139,6 +218,52 @@ def test_no_module_imports_another_modules_private_names():
                     if alias.name.startswith("_") and not alias.name.startswith("__") and alias.name != "_aliases"
                 ]
     assert not found, "private names imported from another module:\n" + "\n".join(found)
+
+
+def private_writes(path: pathlib.Path, label: str) -> list[str]:
+    """`x._name = ...` (also `+=`, annotated, `del`, `setattr(x, "_name", ...)`) where `x` is not `self` or `cls`: a
+    write into another object's private state, which only that object's own code may change."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            written, name = node.value, node.attr
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("setattr", "delattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            written, name = node.args[0], node.args[1].value
+        else:
+            continue
+        if is_private(name) and not is_self(written):
+            found.append(f"{label}:{node.lineno}: {ast.unparse(written)}.{name}")
+    return found
+
+
+def test_no_module_writes_another_objects_private_attributes():
+    """An object's private state is set by its own code; a library object's private attribute is set only by a shim
+    of `common/upstream.py` that names why (`scheduler._last_lr`, `model._is_accelerate_prepared`)."""
+    writes = [
+        write for path in package_files() if name_of(path) != SHIMS for write in private_writes(path, name_of(path))
+    ]
+    assert not writes, "private attributes of another object written:\n" + "\n".join(writes)
+
+
+def test_the_private_writes_check_finds_a_write_into_another_object(tmp_path):
+    writer = tmp_path / "writer.py"
+    writer.write_text(
+        "def f(scheduler, other, lrs):\n    scheduler._last_lr = lrs\n    other.step._count += 1\n"
+        "    setattr(other, '_x', 1)\n    other.public = 1\n    other._x.y = 2\n\n\n"
+        "class A:\n    def g(self, other):\n        self._own = other._own\n        self._n: int = 0\n"
+    )
+    assert private_writes(writer, "writer.py") == [
+        "writer.py:2: scheduler._last_lr",
+        "writer.py:3: other.step._count",
+        "writer.py:4: other._x",
+    ]
 
 
 def test_the_private_reads_check_finds_a_read_across_modules(tmp_path):

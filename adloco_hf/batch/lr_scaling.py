@@ -26,6 +26,7 @@ from numbers import Real
 import torch
 
 from ..common.logs import get_logger
+from ..common.upstream import set_scheduler_last_lr
 from ..config.choices import ADAM_RULES, LR_SCALING_RULES
 
 
@@ -88,7 +89,7 @@ def apply_lr_factor(optimizer: torch.optim.Optimizer, scheduler, base_lrs: list[
     scheduler.base_lrs = [base * factor for base in base_lrs]
     for group, base, schedule in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
         group["lr"] = base * schedule(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+    set_scheduler_last_lr(scheduler, [group["lr"] for group in optimizer.param_groups])
 
 
 def _is_number(value) -> bool:

@@ -219,11 +219,17 @@ class WorkerMonitor:
         self.group = dist.new_group(backend="gloo", timeout=self.timeout) if connect else None
         self._count = 0
         self._store = None
-        if connect:  # a new key prefix: the store outlives a monitor, a second train() must not read the first's keys
-            WorkerMonitor._created += 1
-        self._prefix = f"adloco/worker_monitor/{WorkerMonitor._created}"
+        self._prefix = self._key_prefix(connect)
         if self.group is not None:
             self._store = job_store()  # without one, the gloo message is used
+
+    @classmethod
+    def _key_prefix(cls, connect: bool) -> str:
+        """The store keys' prefix of a new monitor: a new one for each connected monitor, since the store outlives a
+        monitor and a second train() must not read the first's keys."""
+        if connect:
+            cls._created += 1
+        return f"adloco/worker_monitor/{cls._created}"
 
     @property
     def active(self) -> bool:

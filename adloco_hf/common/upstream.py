@@ -25,6 +25,7 @@ __all__ = [
     "optional_actions",
     "parser_actions",
     "restart_tqdm_rate",
+    "set_scheduler_last_lr",
     "trainer_collator_with_removed_columns",
     "trainer_memory_tracker",
     "trainer_num_items_in_batch",
@@ -48,6 +49,14 @@ def default_store():
         return dist.distributed_c10d._get_default_store()
     except Exception:  # pragma: no cover - no default store: callers fall back on collectives
         return None
+
+
+def set_scheduler_last_lr(scheduler, lrs: list[float]) -> None:
+    """Set what `scheduler.get_last_lr()` returns (`LRScheduler._last_lr`, torch 2.13): the learning rates last set on
+    the optimizer. `lr_batch_scaling` sets new ones between two `scheduler.step()` calls, and the Trainer logs (and
+    `get_last_lr` reports) this list, not the optimizer's; torch has no public setter, and a `step()` would advance the
+    schedule."""
+    scheduler._last_lr = lrs
 
 
 def foreach_norms(tensors: "list[torch.Tensor]") -> "list[torch.Tensor]":

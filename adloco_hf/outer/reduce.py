@@ -53,7 +53,7 @@ class PendingMean:
     def done(cls, mean: torch.Tensor) -> "PendingMean":
         """An average that is already known (a group of one, or one restored from a checkpoint)."""
         pending = cls(lambda: mean)
-        pending._result = mean
+        pending.wait()  # nothing to wait for: the mean is its result at once
         return pending
 
     def wait(self) -> torch.Tensor:

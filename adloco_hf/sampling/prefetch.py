@@ -3,14 +3,14 @@
 A `DataLoader` with `num_workers=N` and `prefetch_factor=p` draws its batches from the batch sampler in the main
 process, up to `N × p` of them before training takes the first, and one more each time training takes one. AdLoCo's
 samplers change their batch size at a round's end, after the round's last step took its batch: by then up to `N × p`
-batches of the old size are in the loader processes' queues. Every batch the sampler plans is therefore recorded in
-flight ([`InFlight`]) with the sampler's position before it, until the training loop receives it. A change of size
-marks every batch in flight stale and moves the sampler back to the position before the first of them (`rewind`:
-`AdaptiveBatchSampler` restores the position, `AdaptiveStreamSampler` puts their examples back in front of its
-stream); the loader drops the stale batches as they arrive. So every step trains on the batch it would with 0 loader
-processes, a change of size costs one refill of the queue (the stale batches were fetched and collated for nothing),
-and the loader processes live on: nothing is respawned. The state a checkpoint saves is the position before the
-first batch still in flight: what training consumed, not what the loader prefetched.
+batches of the old size are in the loader processes' queues. Every batch a sampler plans is therefore recorded in
+flight ([`PlannedBatches`], a part each sampler owns) with the sampler's position before it, until the training loop
+receives it. A change of size marks every batch in flight stale and moves the sampler back to the position before the
+first of them (its `rewind`: `AdaptiveBatchSampler` restores the position, `AdaptiveStreamSampler` puts their examples
+back in front of its stream); the loader drops the stale batches as they arrive. So every step trains on the batch it
+would with 0 loader processes, a change of size costs one refill of the queue (the stale batches were fetched and
+collated for nothing), and the loader processes live on: nothing is respawned. The state a checkpoint saves is the
+position before the first batch still in flight: what training consumed, not what the loader prefetched.
 
 Batches arrive in the order they were planned (`in_order=True`, which AdLoCo requires), so the oldest batch in
 flight is always the one the loader hands over next.
@@ -19,14 +19,21 @@ flight is always the one the loader hands over next.
 import dataclasses
 import functools
 from collections import deque
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import seed_worker
 
 
-__all__ = ["AdaptiveDataLoader", "InFlight", "LoaderSettings", "PlansAhead"]
+__all__ = ["AdaptiveDataLoader", "AdaptiveSampler", "LoaderSettings", "PlannedBatches", "positive_batch_size"]
+
+
+def positive_batch_size(value) -> int:
+    """`value` as an int, refused unless it is a positive integer (a sampler's batch size)."""
+    if int(value) != value or value < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {value}")
+    return int(value)
 
 
 @dataclasses.dataclass
@@ -36,90 +43,125 @@ class _Planned:
     live: bool = True  # False once a change of size re-planned it: the loader drops it when it arrives
 
 
-class InFlight:
-    """The batches a sampler has planned and the training loop has not received yet, oldest first."""
+class PlannedBatches:
+    """A sampler's batch size and the batches it planned that the training loop has not received yet, oldest first.
 
-    def __init__(self):
+    Each adaptive sampler owns one and hands it its moves at construction: `position()` (where the sampler stands,
+    before a batch is drawn), `rewind(before, batches)` (back to `before`, from where `batches` were drawn, which
+    training never received), `draw()` (the next batch, at `batch_size`), and optionally `remember(position)` (keep
+    what restoring a position behind the sampler's needs, when a loader draws ahead) and `received(consumed)`
+    (training received a batch: `consumed` is the position before the batches still in flight). A change of
+    `batch_size` re-plans the batches in flight: they are marked stale, and the sampler moves back before them.
+
+    Example:
+    ```python
+    >>> drawn = []  # a sampler of consecutive numbers: its position is how many it drew
+    >>> def draw():
+    ...     drawn.extend(range(len(drawn), len(drawn) + planned.batch_size))
+    ...     return drawn[-planned.batch_size :]
+    >>> def rewind(before, batches):
+    ...     del drawn[before:]
+    >>> planned = PlannedBatches(2, position=lambda: len(drawn), rewind=rewind, draw=draw)
+    >>> batches = planned.batches(keep_positions=True)
+    >>> next(batches), next(batches)  # a loader draws ahead
+    ([0, 1], [2, 3])
+    >>> planned.take()  # training receives the first
+    True
+    >>> planned.batch_size = 3  # the second is stale: the loader drops it, and it is drawn again at the new size
+    >>> planned.take(), next(batches)
+    (False, [2, 3, 4])
+    ```
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        *,
+        position: Callable[[], Any],
+        rewind: Callable[[Any, list[list]], None],
+        draw: Callable[[], list],
+        remember: Callable[[Any], None] | None = None,
+        received: Callable[[Any], None] | None = None,
+    ):
+        self._batch_size = positive_batch_size(batch_size)
         self._planned: deque[_Planned] = deque()
+        self._position, self._rewind, self._draw = position, rewind, draw
+        self._remember, self._received = remember, received
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        value = positive_batch_size(value)
+        if value != self._batch_size:  # batches drawn ahead at the old size are drawn again at the new one
+            self._move_back(self._mark_stale())
+        self._batch_size = value
 
     def __len__(self) -> int:
         return len(self._planned)
-
-    def add(self, before: Any, batch: list) -> None:
-        self._planned.append(_Planned(before, batch))
-
-    def take(self) -> bool:
-        """The loader hands the oldest planned batch to training: True if it is still live, False if stale."""
-        if not self._planned:
-            raise RuntimeError("the DataLoader returned a batch that its adaptive sampler never planned")
-        return self._planned.popleft().live
 
     def live(self) -> list[_Planned]:
         """The live batches in flight, oldest first (they are always the newest: stale ones were planned before)."""
         return [planned for planned in self._planned if planned.live]
 
-    def consumed_position(self) -> Any:
-        """The position before the first live batch in flight (what training consumed), or None when none is."""
-        live = self.live()
-        return live[0].before if live else None
+    def batches(self, keep_positions: bool) -> Iterator[list]:
+        """Batches drawn for a DataLoader, each in flight until `take`. `keep_positions`: the loader draws ahead
+        (worker processes), so positions behind the sampler's may be asked for (`remember`)."""
+        while True:
+            before = self._position()
+            if keep_positions and self._remember is not None:
+                self._remember(before)
+            batch = self._draw()
+            self._planned.append(_Planned(before, batch))
+            yield batch
 
-    def replan(self) -> list[_Planned]:
-        """Mark every live batch stale and return them (the sampler moves back before the first)."""
+    def take(self) -> bool:
+        """The loader hands the oldest planned batch to training: True if it is still live, False if stale."""
+        if not self._planned:
+            raise RuntimeError("the DataLoader returned a batch that its adaptive sampler never planned")
+        live = self._planned.popleft().live
+        if self._received is not None:
+            self._received(self.consumed_position())
+        return live
+
+    def consumed_position(self) -> Any:
+        """The position before the first live batch in flight (what training consumed), or the sampler's own."""
+        live = self.live()
+        return live[0].before if live else self._position()
+
+    def forget(self) -> None:
+        """A new iteration of the loader: nothing in flight arrives any more, so the sampler draws it again."""
+        live = self.live()
+        self._planned.clear()
+        self._move_back(live)
+
+    def drop(self) -> None:
+        """A loaded position replaces whatever was drawn ahead: forget it without moving the sampler."""
+        self._planned.clear()
+
+    def _mark_stale(self) -> list[_Planned]:
         live = self.live()
         for planned in live:
             planned.live = False
         return live
 
-    def forget(self) -> list[_Planned]:
-        """A new iteration of the loader: nothing in flight arrives any more. Returns the live batches."""
-        live = self.live()
-        self._planned.clear()
-        return live
+    def _move_back(self, planned: list[_Planned]) -> None:
+        if planned:
+            self._rewind(planned[0].before, [item.batch for item in planned])
 
 
-class PlansAhead:
-    """What a sampler needs to be drawn ahead by a DataLoader's worker processes ([`AdaptiveDataLoader`]).
+class AdaptiveSampler(Protocol):
+    """What an [`AdaptiveDataLoader`] uses of its sampler (`AdaptiveBatchSampler`, `AdaptiveStreamSampler`): its
+    `planned` batches; the worker sets its `batch_size` and saves its `state_dict()`."""
 
-    A sampler using it sets `self._in_flight = InFlight()` and defines `_position()` (where it stands, before a batch
-    is drawn), `_rewind(planned)` (back to before the first of those batches, which training never received) and
-    `next_batch()`. Its `batch_size` setter calls `_replan()` when the size changes."""
+    batch_size: int
 
-    _in_flight: InFlight
+    @property
+    def planned(self) -> PlannedBatches: ...
 
-    def planned_batches(self, keep_positions: bool = False) -> Iterator[list]:
-        """Batches drawn for a DataLoader, each recorded in flight until `take_planned`. `keep_positions`: the
-        loader draws ahead (worker processes), so positions behind the sampler's may be asked for (`_remember`)."""
-        while True:
-            before = self._position()
-            if keep_positions:
-                self._remember(before)
-            batch = self.next_batch()
-            self._in_flight.add(before, batch)
-            yield batch
-
-    def take_planned(self) -> bool:
-        """The training loop receives the oldest planned batch; False: it is stale, drop it."""
-        live = self._in_flight.take()
-        self._consumed_moved()
-        return live
-
-    def forget_planned(self) -> None:
-        """The loader starts a new iteration: what was in flight will not arrive, so draw it again."""
-        self._rewind(self._in_flight.forget())
-
-    def _replan(self) -> None:
-        if getattr(self, "_in_flight", None) is not None:
-            self._rewind(self._in_flight.replan())
-
-    def _consumed_position(self) -> Any:
-        position = self._in_flight.consumed_position()
-        return self._position() if position is None else position
-
-    def _remember(self, position: Any) -> None:
-        """Hook: keep what restoring `position` needs (nothing for a position that is its own state)."""
-
-    def _consumed_moved(self) -> None:
-        """Hook: training received a batch; what was kept for positions before it can go."""
+    def state_dict(self) -> dict[str, Any]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,14 +199,14 @@ class LoaderSettings:
         return kwargs
 
 
-class _PlannedBatches:
-    """The `batch_sampler` an [`AdaptiveDataLoader`] iterates: the sampler's `planned_batches`."""
+class _LoaderBatches:
+    """The `batch_sampler` an [`AdaptiveDataLoader`] iterates: the sampler's planned batches."""
 
-    def __init__(self, sampler: PlansAhead, keep_positions: bool):
-        self.sampler, self.keep_positions = sampler, keep_positions
+    def __init__(self, planned: PlannedBatches, keep_positions: bool):
+        self.planned, self.keep_positions = planned, keep_positions
 
     def __iter__(self) -> Iterator[list]:
-        return self.sampler.planned_batches(self.keep_positions)
+        return self.planned.batches(self.keep_positions)
 
 
 class AdaptiveDataLoader(DataLoader):
@@ -175,22 +217,22 @@ class AdaptiveDataLoader(DataLoader):
     consumed). Without worker processes it draws each batch when training asks for it, as a plain `DataLoader`.
     """
 
-    def __init__(self, dataset, sampler: PlansAhead, *, collate_fn, settings: LoaderSettings, rank: int):
+    def __init__(self, dataset, sampler: AdaptiveSampler, *, collate_fn, settings: LoaderSettings, rank: int):
         keep = settings.num_workers > 0
         super().__init__(
             dataset,
-            batch_sampler=_PlannedBatches(sampler, keep),
+            batch_sampler=_LoaderBatches(sampler.planned, keep),
             collate_fn=collate_fn,
             **settings.dataloader_kwargs(rank),
         )
         self.adaptive_sampler = sampler
 
     def __iter__(self) -> Iterator:
-        self.adaptive_sampler.forget_planned()  # an earlier iteration's batches in flight will never arrive
+        self.adaptive_sampler.planned.forget()  # an earlier iteration's batches in flight will never arrive
         return self._received(super().__iter__())
 
     def _received(self, batches: Iterator) -> Iterator:
-        sampler = self.adaptive_sampler
+        planned = self.adaptive_sampler.planned
         for batch in batches:
-            if sampler.take_planned():
+            if planned.take():
                 yield batch

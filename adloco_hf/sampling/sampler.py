@@ -6,21 +6,14 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, Sampler
 
-from .prefetch import AdaptiveDataLoader, InFlight, LoaderSettings, PlansAhead
+from .prefetch import AdaptiveDataLoader, LoaderSettings, PlannedBatches
 from .reshard import bridge, check_old_states, check_world_size
 
 
 __all__ = ["AdaptiveBatchSampler", "adaptive_train_loader"]
 
 
-def positive_batch_size(value) -> int:
-    """`value` as an int, refused unless it is a positive integer (a sampler's batch size)."""
-    if int(value) != value or value < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {value}")
-    return int(value)
-
-
-class AdaptiveBatchSampler(PlansAhead, Sampler[list[int]]):
+class AdaptiveBatchSampler(Sampler[list[int]]):
     """Yields lists of dataset indices forever; `batch_size` may be changed at any time and applies to the next batch.
 
     Every pass over the data draws a fresh permutation of all indices from a generator seeded with `seed + pass`
@@ -35,8 +28,9 @@ class AdaptiveBatchSampler(PlansAhead, Sampler[list[int]]):
 
     Iterated as the `batch_sampler` of a plain `DataLoader`, it draws each batch when the loader asks for it: use
     `num_workers=0` there. [`adaptive_train_loader`] builds an [`AdaptiveDataLoader`], whose worker processes may
-    prefetch: a change of `batch_size` then re-plans the batches drawn ahead, and `state_dict()` is the position
-    before the first batch training has not received (`sampling/prefetch.py`).
+    prefetch: a change of `batch_size` then re-plans the batches drawn ahead (`planned`, the part that owns the batch
+    size), and `state_dict()` is the position before the first batch training has not received
+    (`sampling/prefetch.py`).
 
     Args:
         num_samples: the dataset's length.
@@ -70,7 +64,10 @@ class AdaptiveBatchSampler(PlansAhead, Sampler[list[int]]):
         self.rank = rank
         self.seed = seed
         self.shard_size = num_samples // num_workers
-        self.batch_size = batch_size
+        # The batch size, and the batches a loader drew ahead of training (`sampling/prefetch.py`).
+        self._in_flight = PlannedBatches(
+            batch_size, position=self._position, rewind=self._rewind, draw=self.next_batch
+        )
         self.epoch = 0
         self.position = 0
         self._shard: list[int] | None = None
@@ -79,33 +76,33 @@ class AdaptiveBatchSampler(PlansAhead, Sampler[list[int]]):
         # (pass, indices); `_bridge_pos` counts what was drawn of all parts.
         self._bridge: list[tuple[int, list[int]]] = []
         self._bridge_pos = 0
-        self._in_flight = InFlight()
 
     @property
     def batch_size(self) -> int:
-        return self._batch_size
+        return self._in_flight.batch_size
 
     @batch_size.setter
     def batch_size(self, value: int) -> None:
-        value = positive_batch_size(value)
-        if value != getattr(self, "_batch_size", value):
-            self._replan()  # batches an AdaptiveDataLoader drew ahead at the old size are drawn again at the new one
-        self._batch_size = value
+        self._in_flight.batch_size = value  # re-plans what an AdaptiveDataLoader drew ahead at the old size
+
+    @property
+    def planned(self) -> PlannedBatches:
+        """The batch size and the batches planned ahead of training, which an [`AdaptiveDataLoader`] draws."""
+        return self._in_flight
 
     @property
     def passes(self) -> float:
         """The passes over this worker's shard that training has consumed (samples drawn / shard size, counted from
         the run's start; an elastic resume's bridge is the rest of the passes before `epoch`)."""
-        epoch, position, bridge, bridge_pos = self._consumed_position()
+        epoch, position, bridge, bridge_pos = self._in_flight.consumed_position()
         left = sum(len(items) for _, items in bridge) - bridge_pos
         return epoch + (position - left) / self.shard_size
 
     def _position(self) -> tuple:
         return self.epoch, self.position, self._bridge, self._bridge_pos
 
-    def _rewind(self, planned: list) -> None:
-        if planned:
-            self.epoch, self.position, self._bridge, self._bridge_pos = planned[0].before
+    def _rewind(self, before: tuple, batches: list[list[int]]) -> None:
+        self.epoch, self.position, self._bridge, self._bridge_pos = before
 
     def _current_shard(self) -> list[int]:
         if self._shard_epoch != self.epoch:
@@ -154,7 +151,7 @@ class AdaptiveBatchSampler(PlansAhead, Sampler[list[int]]):
 
     def state_dict(self) -> dict[str, Any]:
         """The position training consumed (before any batch a loader drew ahead), and the batch size."""
-        epoch, position, bridge, bridge_pos = self._consumed_position()
+        epoch, position, bridge, bridge_pos = self._in_flight.consumed_position()
         return {
             "epoch": epoch,
             "position": position,
@@ -173,7 +170,7 @@ class AdaptiveBatchSampler(PlansAhead, Sampler[list[int]]):
                     f"the sampler state was saved with {key}={state[key]}, but this run has {key}={getattr(self, key)}; "
                     "resume with the same dataset, seed and number of processes"
                 )
-        self._in_flight.forget()  # a loaded position replaces whatever was drawn ahead
+        self._in_flight.drop()  # a loaded position replaces whatever was drawn ahead
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self.batch_size = int(state["batch_size"])

@@ -14,8 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from .prefetch import AdaptiveDataLoader, InFlight, LoaderSettings, PlansAhead
-from .sampler import positive_batch_size
+from .prefetch import AdaptiveDataLoader, LoaderSettings, PlannedBatches
 from .stream_parts import StreamPart, part_class, worker_stream
 
 
@@ -28,7 +27,7 @@ __all__ = [
 ]
 
 
-class AdaptiveStreamSampler(PlansAhead):
+class AdaptiveStreamSampler:
     """Yields lists of examples from this worker's part of a stream forever; `batch_size` applies to the next batch.
 
     The same surface the worker uses of `AdaptiveBatchSampler`: `batch_size` (settable), `shard_size` (None: a stream
@@ -37,11 +36,12 @@ class AdaptiveStreamSampler(PlansAhead):
     batch that reaches the end of the part's shards continues in the next pass.
 
     Use it through [`adaptive_stream_loader`]: its [`AdaptiveDataLoader`] draws the batches here, in the main
-    process, and its worker processes (if any) collate them. Batches drawn ahead of training are re-planned when the
-    size changes: their examples go back in front of the stream (`_pending`), and `state_dict()` is the part's
-    position before the first batch training has not received. That position is behind the part's: the part's state
-    is kept before every batch drawn ahead, and a position between two kept states (after a change of size) is rebuilt
-    by reading a fresh part forward from the earlier one (`fresh_part`).
+    process, and its worker processes (if any) collate them. Batches drawn ahead of training (`planned`, the part
+    that owns the batch size) are re-planned when the size changes: their examples go back in front of the stream
+    (`_pending`), and `state_dict()` is the part's position before the first batch training has not received. That
+    position is behind the part's: the part's state is kept before every batch drawn ahead, and a position between
+    two kept states (after a change of size) is rebuilt by reading a fresh part forward from the earlier one
+    (`fresh_part`).
 
     Args:
         part: this worker's part of the stream (`next_example`, `state_dict`, `load_state_dict`), see
@@ -65,23 +65,32 @@ class AdaptiveStreamSampler(PlansAhead):
 
     def __init__(self, part: Any, *, batch_size: int, fresh_part: Callable[[], Any] | None = None):
         self.part = part
-        self.batch_size = batch_size
+        # The batch size, and the batches a loader drew ahead of training (`sampling/prefetch.py`).
+        self._in_flight = PlannedBatches(
+            batch_size,
+            position=self._position,
+            rewind=self._rewind,
+            draw=self._next_examples,
+            remember=self._remember,
+            received=self._forget_states_behind,
+        )
         self.samples = 0  # examples drawn (by batches, from the run's start)
         self._fresh_part = fresh_part
-        self._in_flight = InFlight()
         self._pending: deque = deque()  # examples read from the part, to be drawn again (re-planned batches)
         self._states: dict[int, dict[str, Any]] = {}  # the part's state at `samples` = key, kept while drawing ahead
 
     @property
     def batch_size(self) -> int:
-        return self._batch_size
+        return self._in_flight.batch_size
 
     @batch_size.setter
     def batch_size(self, value: int) -> None:
-        value = positive_batch_size(value)
-        if value != getattr(self, "_batch_size", value):
-            self._replan()  # the examples of batches drawn ahead at the old size are drawn again at the new one
-        self._batch_size = value
+        self._in_flight.batch_size = value  # the examples of batches drawn ahead at the old size are drawn again
+
+    @property
+    def planned(self) -> PlannedBatches:
+        """The batch size and the batches planned ahead of training, which an [`AdaptiveDataLoader`] draws."""
+        return self._in_flight
 
     @property
     def passes(self) -> float | None:
@@ -99,9 +108,9 @@ class AdaptiveStreamSampler(PlansAhead):
         self.samples += len(batch)
         return batch
 
-    def planned_batches(self, keep_positions: bool = False) -> Iterator[list[Any]]:
-        for batch in super().planned_batches(keep_positions):
-            yield StreamExamples(batch)
+    def _next_examples(self) -> "StreamExamples":
+        """`next_batch` on its way to a loader process (`StreamExamples`)."""
+        return StreamExamples(self.next_batch())
 
     def _position(self) -> int:
         return self.samples
@@ -110,16 +119,15 @@ class AdaptiveStreamSampler(PlansAhead):
         if not self._pending and position not in self._states:  # the part stands at `position`: keep its state
             self._states[position] = copy.deepcopy(self.part.state_dict())
 
-    def _consumed_moved(self) -> None:
-        consumed = self._consumed_position()
+    def _forget_states_behind(self, consumed: int) -> None:
+        """Training received a batch: the states kept before what it consumed can go."""
         behind = sorted(key for key in self._states if key <= consumed)
         for key in behind[:-1]:  # the last state at or before what training consumed stays
             del self._states[key]
 
-    def _rewind(self, planned: list) -> None:
-        if planned:
-            self._pending.extendleft(reversed([example for item in planned for example in item.batch]))
-            self.samples = planned[0].before
+    def _rewind(self, before: int, batches: list[list[Any]]) -> None:
+        self._pending.extendleft(reversed([example for batch in batches for example in batch]))
+        self.samples = before
 
     def _state_at(self, position: int) -> dict[str, Any]:
         """The part's state after `position` examples were drawn (at most the part's own position)."""
@@ -154,7 +162,7 @@ class AdaptiveStreamSampler(PlansAhead):
 
     def state_dict(self) -> dict[str, Any]:
         """The position training consumed (before any batch a loader drew ahead), and the batch size."""
-        consumed = self._consumed_position()
+        consumed = self._in_flight.consumed_position()
         return {
             "kind": "stream",
             "batch_size": self.batch_size,
@@ -168,7 +176,7 @@ class AdaptiveStreamSampler(PlansAhead):
                 "the checkpoint's sampler state is map-style (saved with a train_dataset that has a length), but this "
                 "run's train_dataset is a stream: resume with the dataset the run was started with"
             )
-        self._in_flight.forget()  # a loaded position replaces whatever was drawn ahead
+        self._in_flight.drop()  # a loaded position replaces whatever was drawn ahead
         self._pending.clear()
         self._states.clear()
         self.part.load_state_dict(state["stream"])
