@@ -28,8 +28,9 @@ _NAMES = {int: "an integer", float: "a number", bool: "True or False"}
 
 
 class FieldTypeError(TypeError, ValueError):
-    """A config field holds a value of the wrong type. A `TypeError`, and a `ValueError` as the config's other
-    refusals are (code that catches those, and a non-integral float's refusal before this check, still match)."""
+    """A config field holds a value of the wrong type: a `TypeError`, and a `ValueError` like the config's other
+    refusals (a non-integral `num_fragments` was refused as a `ValueError` before this check: code catching it still
+    does)."""
 
 
 def _number_kind(annotation: Any) -> tuple[type, bool] | None:
@@ -103,7 +104,7 @@ def check_types(config: Any) -> None:
             _check_choice(setting, value, list(allowed))
             continue
         if setting.name == "max_batch_size":
-            _check_max_batch_size(config, setting, value)
+            _check_max_batch_size(config, value)
             continue
         kind = _number_kind(annotations.get(setting.name))
         if kind is None:
@@ -124,7 +125,7 @@ def _annotations(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _check_max_batch_size(config: Any, setting: Field, value: Any) -> None:
+def _check_max_batch_size(config: Any, value: Any) -> None:
     if isinstance(value, str) and value.strip().isdigit():
         config.max_batch_size = int(value)
     elif isinstance(value, float) and value.is_integer():
