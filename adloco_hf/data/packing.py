@@ -105,7 +105,12 @@ def build_lm_datasets(
     path = os.path.join(cache_dir, f"lm-{fingerprint}")
     with main_process_first():
         if os.path.isdir(path):
-            logger.info("tokenised data: reusing %s (the same corpus, tokenizer and block_size=%d)", path, block_size)
+            logger.info(
+                "tokenised data: reusing %s (the same corpus, tokenizer %s and block_size=%d)",
+                path,
+                tokenizer.name_or_path,
+                block_size,
+            )
         else:
             logger.info("tokenised data: tokenising the corpus into blocks of %d tokens, into %s", block_size, path)
             lm_datasets = build()

@@ -37,7 +37,7 @@ def train_tokenizer(texts: datasets.Dataset, *, vocab_size: int, save_dir: str) 
     matches, the saved tokenizer is loaded instead of trained again. Files are written to a temporary directory and
     moved into `save_dir` one by one with `os.replace`, the fingerprint last, so a reader never sees a half-written
     tokenizer; other files in `save_dir` are left alone. Under `torch.distributed`, global rank 0 trains and the
-    other ranks load its result.
+    other ranks load its result. Training logs one INFO line; a reuse, a DEBUG one.
 
     Args:
         texts: documents, column `"text"`.
@@ -53,8 +53,10 @@ def train_tokenizer(texts: datasets.Dataset, *, vocab_size: int, save_dir: str) 
     fingerprint = _tokenizer_training_fingerprint(texts, vocab_size)
     with main_process_first():
         if _saved_fingerprint(save_dir) == fingerprint:
-            logger.info("tokenizer: reusing %s (trained on the same corpus, vocab_size=%d)", save_dir, vocab_size)
+            # DEBUG: a hit of the whole cache is one line, `build_lm_datasets`' (which names the tokenizer)
+            logger.debug("tokenizer: reusing %s (trained on the same corpus, vocab_size=%d)", save_dir, vocab_size)
         else:
+            logger.info("tokenizer: training a byte-level BPE of %d tokens into %s", vocab_size, save_dir)
             tokenizer = _train_byte_level_bpe(texts, vocab_size)
             os.makedirs(save_dir, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=save_dir, prefix=".tmp-tokenizer-") as tmp:

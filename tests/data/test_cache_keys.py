@@ -66,6 +66,7 @@ def test_a_cache_hit_is_one_log_line_and_a_corpus_with_its_own_split_ignores_the
     monkeypatch.setattr(data.packing, "_tokenize_and_pack", no_tokenisation)
     with records.at_level(logging.INFO, logger="adloco_hf"):
         records.clear()
+        tokenizer = train_tokenizer(corpus, vocab_size=300, save_dir=str(tmp_path / "tokenizer"))  # a hit too
         # eval_fraction and seed are not read for a corpus that carries its split: the same blocks, the same folder
         build_lm_datasets(split, tokenizer, block_size=32, cache_dir=cache, eval_fraction=0.3, seed=7)
     lines = [r.getMessage() for r in records.records if r.name.startswith("adloco_hf.data")]
