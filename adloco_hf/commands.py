@@ -5,6 +5,7 @@
     adloco-hf verify outputs/demo               # every checkpoint's manifest, every safetensors file, readable
     adloco-hf export outputs/demo my-model      # the merged model as a plain Hugging Face folder (--dtype bfloat16)
     adloco-hf push outputs/demo me/my-model     # the merged model to the Hub (`hf auth login` first)
+    adloco-hf --version                         # adloco_hf's version and the releases it runs with
 
 A RUN is a training run's `output_dir`; `export` and `push` also take a model folder (`merged/`, `merges/outer-3/`).
 Every command exits with 0 on success and 1 with an `error:` line (a damaged file, a missing folder, a failed
@@ -23,7 +24,7 @@ import sys
 # a busy machine); `verify` reads checkpoints with torch, `export` and `push` load transformers and huggingface_hub.
 
 
-__all__ = ["CommandError", "build_parser", "main", "safetensors_problems", "verify_folder"]
+__all__ = ["CommandError", "build_parser", "main", "safetensors_problems", "verify_folder", "version_line"]
 
 _CARD = "README.md"
 _MERGED = "merged"
@@ -281,6 +282,23 @@ def _plot(args) -> int:
     return 0
 
 
+def version_line() -> str:
+    """`adloco-hf --version`: this package's version and the releases it runs with, read from the installed
+    distributions' metadata (importing torch or transformers would take seconds)."""
+    import importlib.metadata
+    import platform
+
+    from . import __version__
+
+    releases = []
+    for name in ("transformers", "accelerate", "torch"):
+        try:
+            releases.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            releases.append(f"{name} not installed")
+    return f"adloco-hf {__version__} ({', '.join(releases)}, Python {platform.python_version()})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="adloco-hf",
@@ -289,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     summary = commands.add_parser("summary", help="print a run's summary table (from adloco_rounds.jsonl)")

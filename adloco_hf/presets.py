@@ -13,7 +13,7 @@ anything.
 Example:
 ```python
 >>> from adloco_hf.presets import build_model
->>> model = build_model("tiny", vocab_size=4096, seed=0)
+>>> model = build_model("tiny", vocab_size=4096, seed=0)  # or tokenizer=tokenizer: its size and special tokens
 >>> model.config.num_hidden_layers
 2
 ```
@@ -80,8 +80,9 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 def build_model(
     preset_or_path: str,
     *,
-    vocab_size: int | None,
+    vocab_size: int | None = None,
     seed: int,
+    tokenizer=None,
     dtype: torch.dtype | str | None = None,
     config_overrides: dict[str, Any] | None = None,
 ) -> PreTrainedModel:
@@ -90,11 +91,14 @@ def build_model(
     Args:
         preset_or_path: a key of [`MODEL_PRESETS`] (`"tiny"`, `"llama-50m"`, `"llama-100m"`, `"microllama"`), or a
             local folder / Hub id for `AutoModelForCausalLM.from_pretrained`.
-        vocab_size: the tokenizer's size (`len(tokenizer)`). Required by `"tiny"` and the `"llama-*"` presets;
-            overrides `"microllama"`'s 32000. For a pretrained model the embeddings are resized when the tokenizer is
-            larger than they are.
+        vocab_size: the tokenizer's size (`len(tokenizer)`). Required by `"tiny"` and the `"llama-*"` presets (or
+            `tokenizer`); overrides `"microllama"`'s 32000. For a pretrained model the embeddings are resized when
+            the tokenizer is larger than they are.
         seed: seed of the random initialisation of a preset (the global RNG is left untouched), so every worker
             builds the same weights.
+        tokenizer: the run's tokenizer: `vocab_size` defaults to its size, and a preset takes its bos, eos and pad
+            token ids (Llama's own are 1, 2 and none: the Trainer would align them with the tokenizer's and warn, on
+            every run). `config_overrides` win over it.
         dtype: parameter dtype (`torch.bfloat16`, `"float32"`, ...). `None` means float32, also for pretrained
             models (transformers 5 would otherwise load the saved dtype, often bfloat16, and AdamW updates of a small
             learning rate vanish in bfloat16 weights): train in mixed precision with `bf16=True` / `fp16=True`.
@@ -109,14 +113,20 @@ def build_model(
         dtype = torch.float32
     elif isinstance(dtype, str) and dtype != "auto":
         dtype = getattr(torch, dtype)
+    if tokenizer is not None and vocab_size is None:
+        vocab_size = len(tokenizer)
     if preset_or_path in MODEL_PRESETS:
         fields = dict(MODEL_PRESETS[preset_or_path])
+        if tokenizer is not None:
+            fields.update(
+                {name: getattr(tokenizer, name) for name in ("bos_token_id", "eos_token_id", "pad_token_id")}
+            )
         if vocab_size is not None:
             fields["vocab_size"] = vocab_size
         if fields["vocab_size"] is None:
             raise ValueError(
-                f"the {preset_or_path!r} preset takes its vocabulary from the tokenizer: pass "
-                "vocab_size=len(tokenizer)"
+                f"the {preset_or_path!r} preset takes its vocabulary from the tokenizer: pass tokenizer=tokenizer "
+                "(or vocab_size=len(tokenizer))"
             )
         fields.update(config_overrides or {})
         config = LlamaConfig(**fields)

@@ -240,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     if is_main:
         trainer.card_details.metrics_before = {"perplexity": before["perplexity"], "loss": before["loss"]}
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    if trainer.ended_run is not None:  # the run had finished: its results and merged/ stay as they were
+        trainer.end()
+        return
     # Training ends with the merged model on every worker, also saved to `{output_dir}/merged/`.
     after = eval_perplexity(trainer, lm_datasets["eval"], metric)
     if is_main:  # the same eval set as `before`, measured the same way: the card's "after" (rank 0 writes it)

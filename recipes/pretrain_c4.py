@@ -302,8 +302,9 @@ def main(argv: list[str] | None = None) -> None:
     trainer.save_state()
 
     # ---- save & push ----
-    # `{output_dir}/merged/` (safetensors, tokenizer, model card) was written at the end of training.
-    if training_args.push_to_hub:
+    # `{output_dir}/merged/` (safetensors, tokenizer, model card) was written at the end of training (and pushed, by
+    # a run that had ended already: resumed again, it trains nothing and keeps its files).
+    if training_args.push_to_hub and trainer.ended_run is None:
         trainer.push_merged_to_hub()
     trainer.end()  # every worker leaves the process group together
     if is_main:

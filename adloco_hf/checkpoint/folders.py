@@ -23,6 +23,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from ..common.distributed import WorkerTimeoutError
 from ..common.files import atomic_directory, fsync
 from ..common.logs import quiet_saves
+from ..config.paths import RANK_STATE_DIR
 
 
 __all__ = [
@@ -43,7 +44,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-RANK_STATE_DIR = "adloco"
 RANK_STATE_VERSION = 1
 
 

@@ -9,15 +9,18 @@ before manifests existed) still loads, with a warning that it cannot be verified
 Each worker sums the files it wrote itself (its `rank-R.pt`, the largest) while the others do the same; the first
 worker sums the rest and writes the manifest. CRC-32 (zlib) catches truncation and damage, not tampering; it costs
 about 50 ms per 100 MB here (SHA-256: about 170 ms).
+
+The checks that read no file (a checkpoint path that is missing, a file, or a run's folder; the checkpoints of a
+folder) are `config/paths.py`'s, run when the config is built, before any data; re-exported here.
 """
 
 import json
 import os
-import re
 import zlib
 
 from ..common.files import atomic_write_text
 from ..common.logs import get_logger
+from ..config.paths import RESUME_NEWEST, check_checkpoint_path, checkpoints_newest_first
 from .folders import RANK_STATE_DIR
 
 
@@ -40,7 +43,6 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 _SUMS_PREFIX = "sums-rank-"
 _CHUNK = 4 * 1024 * 1024
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 class CheckpointDamagedError(ValueError):
@@ -145,18 +147,6 @@ def verify_checkpoint(checkpoint_dir: str) -> bool:
     return True
 
 
-def checkpoints_newest_first(output_dir: str) -> list[str]:
-    """The `checkpoint-N` folders of `output_dir`, highest step first (the Trainer's `get_last_checkpoint` order)."""
-    if not os.path.isdir(output_dir):
-        return []
-    steps = {
-        int(match.group(1)): name
-        for name in os.listdir(output_dir)
-        if (match := _CHECKPOINT.match(name)) and os.path.isdir(os.path.join(output_dir, name))
-    }
-    return [os.path.join(output_dir, steps[step]) for step in sorted(steps, reverse=True)]
-
-
 def newest_intact_checkpoint(output_dir: str) -> str | None:
     """The newest checkpoint of `output_dir` that passes `verify_checkpoint`; damaged newer ones are skipped with a
     warning naming them. None when there is no checkpoint; `CheckpointDamagedError` when none is intact."""
@@ -180,39 +170,13 @@ def newest_intact_checkpoint(output_dir: str) -> str | None:
     return None
 
 
-def _checkpoint_names(folder: str) -> str:
-    return ", ".join(os.path.basename(path) for path in reversed(checkpoints_newest_first(folder)))
-
-
-def check_checkpoint_path(checkpoint: str | os.PathLike, output_dir: str) -> None:
-    """Refuse a checkpoint path that does not exist, or that is a run's output_dir rather than one of its checkpoints,
-    naming the checkpoints that do exist (in `output_dir`, and beside the path). Cheap: no file is read, so a script
-    checks it before building its data (the recipes do); `AdLoCoTrainer.train` checks it again."""
-    path = os.fspath(checkpoint)
-    if os.path.isdir(path) and not os.path.isdir(os.path.join(path, RANK_STATE_DIR)) and _checkpoint_names(path):
-        raise ValueError(
-            f"resume_from_checkpoint={path!r} is a run's output_dir, not a checkpoint: pass one of its checkpoints "
-            f"({_checkpoint_names(path)}), or resume_from_checkpoint=True for the newest (with output_dir={path!r})."
-        )
-    if os.path.exists(path):
-        return
-    found = []
-    for folder in dict.fromkeys([output_dir, os.path.dirname(os.path.abspath(path))]):
-        if names := _checkpoint_names(folder):
-            found.append(f"{folder}: {names}")
-    there = (
-        f"Checkpoints that exist: {'; '.join(found)} (resume_from_checkpoint=True takes the newest of output_dir)."
-        if found
-        else f"No checkpoint-* folder exists in {output_dir} (save_steps writes them): train without "
-        "resume_from_checkpoint to start a new run."
-    )
-    raise FileNotFoundError(f"resume_from_checkpoint={path!r} does not exist. {there}")
-
-
 def resolve_checkpoint(resume_from_checkpoint, output_dir: str):
     """What `Trainer.train(resume_from_checkpoint=...)` should load, verified first: `True` becomes the newest intact
-    checkpoint of `output_dir` (stays True when there is none, for the Trainer's own error); `"auto"` the same, or
+    checkpoint of `output_dir` (stays True when there is none, for the Trainer's own error), and so do `"last"` and
+    `"true"`; `"auto"` the same, or
     None (a fresh start) when there is none, for scripts that run again after a restart; a folder is verified."""
+    if isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() in RESUME_NEWEST:
+        resume_from_checkpoint = True  # the recipes' `last`, also as the config field
     if isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() == "auto":
         checkpoint = newest_intact_checkpoint(output_dir)
         logger.info(

@@ -26,6 +26,7 @@ __all__ = [
     "parser_actions",
     "restart_tqdm_rate",
     "set_scheduler_last_lr",
+    "tokenizer_encodes_in_its_backend",
     "trainer_collator_with_removed_columns",
     "trainer_memory_tracker",
     "trainer_num_items_in_batch",
@@ -112,6 +113,19 @@ def fingerprint(dataset) -> str:
     """A `datasets.Dataset`'s fingerprint (`Dataset._fingerprint`, datasets 4.x): the hash of its content and the
     transforms that made it, which our caches of tokenised and packed data extend."""
     return dataset._fingerprint
+
+
+# ---- transformers' tokenizers (checked with 5.23) ----
+def tokenizer_encodes_in_its_backend(tokenizer) -> bool:
+    """Whether `tokenizer(texts)` is its Rust backend's `encode_batch` and nothing else: a fast tokenizer whose class
+    keeps the base `_encode_plus` (transformers 5.23: it sets the truncation, padding and `encode_special_tokens`
+    state, then calls the backend). The packing of a corpus (`data/tokenizer.py`: `document_token_ids`) then calls
+    the backend itself, without the character offsets it would compute."""
+    from transformers import PreTrainedTokenizerFast
+
+    return isinstance(tokenizer, PreTrainedTokenizerFast) and (
+        type(tokenizer)._encode_plus is PreTrainedTokenizerFast._encode_plus
+    )
 
 
 # ---- transformers' Trainer (checked with 5.17 and 5.23) and accelerate (1.15) ----

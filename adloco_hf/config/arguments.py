@@ -12,13 +12,14 @@ from .checks import check_adloco, check_schedule, resolve_batch_size_target
 from .compat import (
     has_distributed_accelerator,
     refuse_what_adloco_cannot_honour,
-    warn_about_what_works_badly,
     warn_once,
 )
+from .environment import check_environment
 from .field_names import refuse_unknown_fields
 from .fields import BatchFields, InstanceFields, RoundFields, WorkerFields
 from .launch import fit_instances_to_one_worker, warn_about_a_last_round_cut_short, warn_about_one_process_of_several
 from .timeouts import resolve_peer_timeout
+from .types import check_types
 
 
 __all__ = ["AdLoCoConfig"]
@@ -301,22 +302,21 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
     )
 
     def __post_init__(self):
+        check_types(self)  # first: every check below compares numbers and choices (config/types.py)
         resolve_batch_size_target(self)
         resolve_peer_timeout(self)
         if self.eval_steps is None:  # every round (with a growing H, every longest round)
             self.eval_steps = self.max_inner_steps if self.inner_steps_rule == "outer_noise" else self.inner_steps
-        if isinstance(self.max_batch_size, str) and self.max_batch_size.strip().isdigit():
-            self.max_batch_size = int(self.max_batch_size)
         check_adloco(self)
         refuse_what_adloco_cannot_honour(self)
         self._form_cpu_world()
         self._form_world_for_this_attempt()
         super().__post_init__()
         check_schedule(self)
+        check_environment(self)  # output_dir, resume_from_checkpoint, report_to, the device: config/environment.py
         fit_instances_to_one_worker(self)  # `python train.py` trains one instance (config/launch.py)
         warn_about_one_process_of_several()
         warn_about_a_last_round_cut_short(self)
-        warn_about_what_works_badly(self)
 
     def _form_cpu_world(self) -> None:
         """`accelerate launch --multi_gpu --num_processes N` on a machine without a GPU: without `use_cpu=True` every

@@ -7,13 +7,11 @@ Trainer's own features, and what it only warns about, is in `config/compat.py`.
 """
 
 import os
-from dataclasses import fields
 
 from transformers import TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from .choices import WORKER_PARALLELISMS
-from .fields import GROUPS
 from .timeouts import check_timeouts
 
 
@@ -31,14 +29,8 @@ __all__ = [
 
 
 def check_adloco(config: TrainingArguments) -> None:
-    """Checks that need nothing from TrainingArguments: the choices (from the fields' metadata), ranges, and what the
-    rounds need of the Trainer's own settings."""
-    for group in GROUPS:
-        for setting in fields(group):
-            allowed = setting.metadata.get("choices")
-            value = getattr(config, setting.name)
-            if allowed is not None and value not in allowed:
-                raise ValueError(f"{setting.name}={value!r} is not supported; choose one of {list(allowed)}.")
+    """Checks that need nothing from TrainingArguments: ranges, and what the rounds need of the Trainer's own settings
+    (the types and choices are checked before, `config/types.py`)."""
     if config.max_steps is None or config.max_steps <= 0:
         raise ValueError(
             f"max_steps={config.max_steps}: set max_steps > 0. AdLoCo's sampler never runs out of data, so the run "

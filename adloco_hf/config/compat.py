@@ -16,6 +16,10 @@ Every field of `TrainingArguments` (transformers 5.23) was checked against what 
 | `ddp_find_unused_parameters`, `ddp_bucket_cap_mb`, `ddp_broadcast_buffers`, `ddp_static_graph` | warned | no DDP |
 | AdLoCo's `batch_size_cap` in (`max_batch_size`, `switch_threshold` × `max_batch_size`] | warned | switch mode runs those requests as `max_batch_size`: nothing accumulates |
 | `use_cpu` unset with `WORLD_SIZE > 1` and no GPU | set | (`AdLoCoConfig._form_cpu_world`) |
+| `fp16=True` on a CPU | warned | the Trainer trains in float32 there (`config/environment.py`) |
+| `dataloader_pin_memory=True` on a CPU | set to False | nothing to pin into; every loader warned (`config/environment.py`) |
+| `report_to` an integration not installed, or unknown | refused | it failed when the trainer was built, after the data (`config/environment.py`) |
+| `output_dir` a file, `resume_from_checkpoint` a file, missing or not AdLoCo's | refused | before any data is read (`config/paths.py`) |
 | `max_steps` not a multiple of `inner_steps` | warned | the last round is shorter (`config/launch.py`) |
 | `num_instances` > 1 on a launch of one worker | set to 1, warned | one worker trains one instance (`config/launch.py`) |
 | accelerate's simple launcher asked for several processes | warned | it starts one (`config/launch.py`) |

@@ -25,6 +25,7 @@ from .choices import (
     PSEUDO_GRAD_COMPRESSIONS,
     PSEUDO_GRAD_DTYPES,
     WORKER_BATCH_SPLITS,
+    WORKER_PARALLELISMS,
 )
 
 
@@ -253,7 +254,8 @@ class WorkerFields:
     worker_parallelism: str = field(
         default="ddp",
         metadata={
-            "help": "Inside a worker of processes_per_worker > 1: 'ddp' (full replicas) or 'fsdp' (FSDP2 shards)."
+            "help": "Inside a worker of processes_per_worker > 1: 'ddp' (full replicas) or 'fsdp' (FSDP2 shards).",
+            "choices": list(WORKER_PARALLELISMS),
         },
     )
     worker_timeout: float = field(

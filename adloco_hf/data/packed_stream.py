@@ -34,7 +34,7 @@ from ..sampling.reshard import check_old_states
 from ..sampling.stream_parts import STATE_KIND, StreamPart, register_part_kind, worker_stream
 from .packing import pack_documents
 from .sources import C4_DATASET, builder_for_file, check_text_column, select_text_column
-from .tokenizer import tokenizer_fingerprint
+from .tokenizer import document_token_ids, tokenizer_fingerprint
 
 
 __all__ = ["PackedPart", "PackedStream", "build_lm_stream", "document_key", "load_document_stream"]
@@ -155,7 +155,7 @@ class PackedPart:
             if self.text_column not in example:
                 check_text_column(list(example), self.text_column, "the document stream")
             texts.append(example[self.text_column])
-        ids = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
+        ids = document_token_ids(self.tokenizer, texts)
         eos = [self.tokenizer.eos_token_id]
         new = np.fromiter(chain.from_iterable(chain(doc, eos) for doc in ids), dtype=np.int32)
         self._tokens = np.concatenate([self._tokens[self._offset :], new])

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -9,6 +10,7 @@ from itertools import chain
 
 import datasets
 import numpy as np
+import pyarrow as pa
 from transformers import PreTrainedTokenizerBase
 
 from ..common.files import replace_directory
@@ -16,8 +18,10 @@ from ..common.upstream import fingerprint as dataset_fingerprint
 from .cache import FORMAT_VERSION, MAP_BATCH_SIZE, content_hash, main_process_first
 from .python_source import SPLIT_COLUMN
 from .sources import require_text_column
-from .tokenizer import tokenizer_fingerprint
+from .tokenizer import document_token_ids, tokenizer_fingerprint
 
+
+logger = logging.getLogger(__name__)
 
 _LM_INFO_FILE = "adloco_lm_dataset.json"
 
@@ -45,10 +49,12 @@ def build_lm_datasets(
        tokens; only the final remainder, fewer than `block_size` tokens, is dropped. The packing map is batched,
        but a block that starts in one batch takes its tail from the next documents, so nothing is lost at batch
        (or `num_proc` shard) edges. `labels` is a copy of `input_ids`: causal LM models shift them.
-    4. With `cache_dir`, the result is saved to `cache_dir/lm-<fingerprint>` (the fingerprint covers `texts`, the
-       tokenizer, `block_size`, `eval_fraction`, `max_eval_documents` and `seed`) through a temporary directory
-       and `os.replace`, and later calls with the same inputs load it instead of tokenising again. Under
-       `torch.distributed`, global rank 0 builds it while the other ranks wait, then they load it.
+    4. With `cache_dir`, the result is saved to `cache_dir/lm-<fingerprint>` through a temporary directory and
+       `os.replace`, and later calls with the same inputs load it instead of tokenising again (one log line says
+       which folder). The fingerprint is the content's: `texts`' fingerprint, the tokenizer's definition (never the
+       path it was loaded from: `cache`, `./cache` and an absolute path share one folder), `block_size`, and for a
+       corpus without its own split, `eval_fraction`, `max_eval_documents` and `seed`. Under `torch.distributed`,
+       global rank 0 builds it while the other ranks wait, then they load it.
 
     Args:
         texts: documents, column `"text"` (see [`load_text_corpus`]).
@@ -76,17 +82,11 @@ def build_lm_datasets(
     if tokenizer.eos_token_id is None:
         raise ValueError("tokenizer has no eos_token: packing separates documents with it; set tokenizer.eos_token")
 
+    # A corpus with its own split does not read the split's settings: they stay out of its key.
+    own_split = SPLIT_COLUMN in texts.column_names
+    split = None if own_split else [eval_fraction, max_eval_documents, seed]
     fingerprint = content_hash(
-        [
-            "lm",
-            FORMAT_VERSION,
-            dataset_fingerprint(texts),
-            tokenizer_fingerprint(tokenizer),
-            block_size,
-            eval_fraction,
-            max_eval_documents,
-            seed,
-        ]
+        ["lm", FORMAT_VERSION, dataset_fingerprint(texts), tokenizer_fingerprint(tokenizer), block_size, split]
     )
     build = functools.partial(
         _tokenize_and_pack,
@@ -104,7 +104,15 @@ def build_lm_datasets(
 
     path = os.path.join(cache_dir, f"lm-{fingerprint}")
     with main_process_first():
-        if not os.path.isdir(path):
+        if os.path.isdir(path):
+            logger.info(
+                "tokenised data: reusing %s (the same corpus, tokenizer %s and block_size=%d)",
+                path,
+                tokenizer.name_or_path,
+                block_size,
+            )
+        else:
+            logger.info("tokenised data: tokenising the corpus into blocks of %d tokens, into %s", block_size, path)
             lm_datasets = build()
             os.makedirs(cache_dir, exist_ok=True)
             tmp = tempfile.mkdtemp(dir=cache_dir, prefix=f".tmp-lm-{fingerprint}-")
@@ -187,24 +195,32 @@ def pack_documents(
         ["pack", FORMAT_VERSION, dataset_fingerprint(docs), tokenizer_fingerprint(tokenizer)]
     )
 
-    def tokenize(batch: list[str]) -> dict[str, list]:
-        ids = tokenizer(batch, add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
-        ids = [doc + [eos] for doc in ids]
-        return {"input_ids": ids, "num_tokens": [len(doc) for doc in ids]}
+    def tokenize(batch: pa.Table) -> pa.Table:
+        ids = document_token_ids(tokenizer, batch.column("text").to_pylist())
+        lengths = np.fromiter((len(doc) + 1 for doc in ids), dtype=np.int64, count=len(ids))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        tokens = np.fromiter(chain.from_iterable(chain(doc, (eos,)) for doc in ids), dtype=np.int32, count=offsets[-1])
+        input_ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(tokens))
+        return pa.table({"input_ids": input_ids, "num_tokens": pa.array(lengths)})
 
     token_features = datasets.Features(
         {"input_ids": datasets.List(datasets.Value("int32")), "num_tokens": datasets.Value("int64")}
     )
-    tokenized = docs.map(
-        tokenize,
-        batched=True,
-        batch_size=MAP_BATCH_SIZE,
-        input_columns="text",
-        remove_columns=docs.column_names,
-        features=token_features,
-        num_proc=num_proc,
-        new_fingerprint=content_hash([fingerprint, "tokenize"]),
-        desc=f"Tokenising {name} documents",
+    # Arrow batches in and out: the ids go from the tokenizer to the file through numpy, never as Python lists.
+    tokenized = (
+        docs.select_columns(["text"])
+        .with_format("arrow")
+        .map(
+            tokenize,
+            batched=True,
+            batch_size=MAP_BATCH_SIZE,
+            remove_columns=["text"],
+            features=token_features,
+            num_proc=num_proc,
+            new_fingerprint=content_hash([fingerprint, "tokenize"]),
+            desc=f"Tokenising {name} documents",
+        )
+        .with_format(None)
     )
     packed = _pack(tokenized, block_size, num_proc=num_proc, fingerprint=content_hash([fingerprint, "pack"]))
     if len(packed) == 0:
@@ -259,33 +275,37 @@ def _pack(
     offsets = np.concatenate([[0], np.cumsum(tokenized.data.column("num_tokens").to_numpy())])
     num_blocks = int(offsets[-1]) // block_size
 
-    def pack(batch: list[list[int]], indices: list[int]) -> dict[str, list]:
+    def tokens_of(rows: pa.Table) -> np.ndarray:
+        return rows.column("input_ids").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+
+    def pack(batch: pa.Table, indices: list[int]) -> pa.Table:
         first, stop_row = indices[0], indices[-1] + 1
         start, end = int(offsets[first]), int(offsets[stop_row])
         first_block = -(-start // block_size)
         stop_block = min(-(-end // block_size), num_blocks)
-        if stop_block <= first_block:
-            return {"input_ids": [], "labels": []}
-        stream = list(chain.from_iterable(batch))
+        stream = tokens_of(batch)
         needed = stop_block * block_size
-        if needed > end:
+        if stop_block > first_block and needed > end:
             more_rows = int(np.searchsorted(offsets, needed, side="left"))
-            stream.extend(chain.from_iterable(tokenized[stop_row:more_rows]["input_ids"]))
-        blocks = [
-            stream[k * block_size - start : (k + 1) * block_size - start] for k in range(first_block, stop_block)
-        ]
-        return {"input_ids": blocks, "labels": [list(block) for block in blocks]}
+            stream = np.concatenate([stream, tokens_of(tokenized.data.slice(stop_row, more_rows - stop_row))])
+        count = max(stop_block - first_block, 0)
+        values = stream[first_block * block_size - start : first_block * block_size - start + count * block_size]
+        blocks = pa.FixedSizeListArray.from_arrays(pa.array(values.astype(np.int32, copy=False)), block_size)
+        return pa.table({"input_ids": blocks, "labels": blocks})
 
     block = datasets.List(datasets.Value("int32"), length=block_size)
-    return tokenized.map(
-        pack,
-        batched=True,
-        batch_size=batch_size,
-        with_indices=True,
-        input_columns="input_ids",
-        remove_columns=tokenized.column_names,
-        features=datasets.Features({"input_ids": block, "labels": block}),
-        num_proc=num_proc,
-        new_fingerprint=fingerprint,
-        desc=f"Packing into blocks of {block_size} tokens",
+    return (
+        tokenized.with_format("arrow")
+        .map(
+            pack,
+            batched=True,
+            batch_size=batch_size,
+            with_indices=True,
+            remove_columns=tokenized.column_names,
+            features=datasets.Features({"input_ids": block, "labels": block}),
+            num_proc=num_proc,
+            new_fingerprint=fingerprint,
+            desc=f"Packing into blocks of {block_size} tokens",
+        )
+        .with_format(None)
     )

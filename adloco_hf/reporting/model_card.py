@@ -116,6 +116,12 @@ def _snippet(kind: ModelKind, model_id: str, subfolder: str | None, tokenizer: b
     return lines
 
 
+NOT_EVALUATED = (
+    'The trained model was not evaluated: training ran without an evaluation (`eval_strategy="no"`), and no '
+    "metrics were recorded for it (`trainer.record_merged_metrics`)."
+)
+
+
 def _evaluation(metrics: dict[str, float] | None, before: dict[str, float] | None) -> list[str]:
     """The evaluation table: the final metrics, beside the starting model's when given."""
     if not metrics and not before:
@@ -127,7 +133,9 @@ def _evaluation(metrics: dict[str, float] | None, before: dict[str, float] | Non
     else:
         rows = ["| metric | before training | after |", "|---|---|---|"]
         rows += [f"| {n} | {format_value(before.get(n))} | {format_value(metrics.get(n))} |" for n in names]
-    return ["## Evaluation", "", *rows, ""]
+    # The starting model's metrics without the trained one's: kept, and the card says why "after" is empty.
+    note = [] if metrics else ["", NOT_EVALUATED]
+    return ["## Evaluation", "", *rows, *note, ""]
 
 
 def model_card(

@@ -27,6 +27,7 @@ __all__ = [
     "instance_label",
     "summarize_records",
     "summarize_run",
+    "summary_line",
 ]
 
 
@@ -205,6 +206,26 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [f"AdLoCo run: {summary['output_dir']}"]
     lines += [f"  {name:<{width}}  {value}" for name, value in rows]
     return "\n".join(lines)
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """`summarize_run`'s dict in one line: what a script prints when training ends (`format_summary` is the table)."""
+    parts = [
+        f"{summary['rounds']} rounds (step {summary['global_step']})",
+        f"instances {summary['initial_instances']} -> {summary['final_instances']}",
+        f"{format_count(summary['total_tokens'])} tokens",
+        f"{format_bytes(summary['comm_bytes'])} sent",
+    ]
+    if summary["final_train_loss"] is not None:
+        parts.append(f"train loss {summary['final_train_loss']:.4f}")
+    if summary["final_eval_perplexity"] is not None:
+        label = instance_label(summary["final_eval_instance"])
+        parts.append(f"eval perplexity {summary['final_eval_perplexity']:.2f} ({label})")
+    output_dir = summary["output_dir"]
+    return (
+        f"AdLoCo run done: {', '.join(parts)}. Merged model: {os.path.join(output_dir, 'merged')}; the table: "
+        f"adloco-hf summary {output_dir}"
+    )
 
 
 def instance_label(instance: Any) -> str:

@@ -75,9 +75,19 @@ class RunCards:
         return settings
 
     def render(
-        self, folder: str, title: str, *, repo_id: str | None = None, metrics=None, full: bool = False, **kwargs
+        self,
+        folder: str,
+        title: str,
+        *,
+        repo_id: str | None = None,
+        metrics=None,
+        full: bool = False,
+        merged: bool = False,
+        **kwargs,
     ) -> str:
-        """The card of one of this run's folders; it loads from `repo_id`, the run's repo or the folder itself."""
+        """The card of one of this run's folders; it loads from `repo_id`, the run's repo or the folder itself. The
+        merged model's card (`merged`) shows `card_details.metrics_before` also when the model was not evaluated
+        (they were dropped without a word), with a line that says so; a merge's shows them beside its metrics only."""
         kind = describe_model(self.run.model())
         if full:  # merged-full/: the adapter fused into its base, a plain model
             kind = ModelKind(kind.auto_class, kind.pipeline_tag, False, kind.base_model, kind.base_path)
@@ -97,7 +107,7 @@ class RunCards:
             subfolder=subfolder,
             dataset=details.dataset,
             metrics=metrics,
-            metrics_before=(details.metrics_before or None) if metrics else None,
+            metrics_before=(details.metrics_before or None) if metrics or merged else None,
             tokenizer=self.run.processing_class is not None and not kind.adapter,
             **kwargs,
         )
@@ -182,6 +192,7 @@ class RunCards:
                 title,
                 repo_id=repo_id,
                 full=full,
+                merged=True,
                 metrics=self.merged_metrics,
                 plot=PLOT_FILE if plot else None,
             )
@@ -196,6 +207,6 @@ class RunCards:
         folder = os.path.join(output_dir, "merged")
         drawn = self.plot is not None and os.path.isfile(os.path.join(output_dir, PLOT_FILE))
         card = self.render(
-            folder, "AdLoCo merged model", metrics=self.merged_metrics, plot=PLOT_FILE if drawn else None
+            folder, "AdLoCo merged model", merged=True, metrics=self.merged_metrics, plot=PLOT_FILE if drawn else None
         )
         atomic_write_text(os.path.join(output_dir, "README.md"), card)

@@ -13,12 +13,15 @@ from collections.abc import Callable
 import safetensors.torch
 import torch
 from transformers import Trainer
+from transformers.trainer_utils import TrainOutput
 
 from ..checkpoint.elastic import check_instances_fit, elastic_rank_state
 from ..checkpoint.folders import check_rank_states, load_rank_state
 from ..checkpoint.run_settings import check_run_settings, run_settings
+from ..reporting.earlier_run import warn_about_earlier_run
 from ..worker.checkpoint_view import CheckpointView
 from ..worker.fsdp import load_full_state_dict
+from .run_end import checkpoint_to_resume, ended_run
 
 
 __all__ = [
@@ -27,9 +30,25 @@ __all__ = [
     "load_cpu_optimizer",
     "load_scheduler",
     "load_sharded_weights",
+    "resume_point",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def resume_point(trainer: Trainer, argument) -> tuple[str | bool | None, TrainOutput | None]:
+    """Where `train(resume_from_checkpoint=argument)` starts: the checkpoint (the argument, else the config's field;
+    resolved and verified) and, when it is the end of a finished run, that run's `TrainOutput` (nothing to train,
+    `run_end.ended_run`). Otherwise the launch is checked against it, and another run's folders in `output_dir`
+    are named (global rank 0, `reporting/earlier_run.py`)."""
+    checkpoint = checkpoint_to_resume(argument, trainer.args)
+    ended = ended_run(checkpoint, trainer.args)
+    if ended is not None:
+        return checkpoint, ended
+    check_workers_for_instances(trainer.worker.checkpoint_view(), checkpoint)
+    if trainer.is_world_process_zero():
+        warn_about_earlier_run(trainer.args.output_dir, checkpoint)
+    return checkpoint, None
 
 
 def check_workers_for_instances(worker: CheckpointView, resume_from_checkpoint: str | None) -> None:

@@ -25,7 +25,7 @@ from transformers import Trainer
 from ..common.upstream import trainer_collator_with_removed_columns, trainer_remove_unused_columns
 
 
-__all__ = ["check_eval_batches", "check_first_batch", "check_not_text"]
+__all__ = ["check_eval_batches", "check_eval_dataset", "check_first_batch", "check_not_text"]
 
 # Parameters of a forward signature that are not inputs a dataset column could fill.
 _NOT_COLUMNS = ("self", "args", "kwargs", "return_dict", "output_attentions", "output_hidden_states", "use_cache")
@@ -148,6 +148,31 @@ def check_first_batch(
         f"takes {', '.join(forward)}). Fix: name the model's input column {main_input!r} ({rename}), or set "
         f"remove_unused_columns=False and pass a data_collator that builds {main_input!r} from your columns."
     )
+
+
+def check_eval_dataset(args, eval_dataset: Any) -> None:
+    """Evaluation asked for (`eval_strategy`) needs an evaluation dataset, and one with samples: an empty one gave
+    evaluation lines without a loss and a card without an evaluation section, and no word about it. Refused when the
+    trainer is built, before training."""
+    if args.eval_strategy == "no":
+        return
+    strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+    if eval_dataset is None:
+        raise ValueError(
+            f"eval_strategy={strategy!r} asks for evaluation but no eval_dataset was given; pass "
+            "eval_dataset=... or set eval_strategy='no'"
+        )
+    for name, dataset in (eval_dataset if isinstance(eval_dataset, dict) else {None: eval_dataset}).items():
+        with contextlib.suppress(TypeError):  # a stream has no length: its first evaluation shows what it holds
+            if len(dataset) > 0:
+                continue
+            which = "eval_dataset" if name is None else f"eval_dataset[{name!r}]"
+            raise ValueError(
+                f"{which} has no samples, but eval_strategy={strategy!r} asks for evaluation: every evaluation would "
+                "log no loss and the merged model's card no evaluation. Pass an evaluation set with samples (with "
+                "build_lm_datasets: more documents, a larger eval_fraction or a smaller block_size), or set "
+                "eval_strategy='no'."
+            )
 
 
 def check_eval_batches(trainer: Trainer) -> None:

@@ -17,14 +17,12 @@ from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..checkpoint.folders import save_errors
-from ..checkpoint.manifest import resolve_checkpoint
 from ..common.collectives import collective, watch_exit
 from ..common.versions import end_training
 from ..config.arguments import AdLoCoConfig
 from ..evaluation.evaluate import evaluate_datasets
 from ..evaluation.view import EvaluationSettings, EvaluationView
 from ..reporting.card_details import CardDetails
-from ..reporting.earlier_run import warn_about_earlier_run
 from ..reporting.hub import HubUploadError
 from ..reporting.run_hub import create_run_repo
 from ..rounds.state import AdLoCoState, RoundResult
@@ -33,11 +31,13 @@ from ..sampling.stream_sampler import AdaptiveStreamSampler
 from ..worker.core import Worker
 from ..worker.preemption import TrainingPreempted
 from .callback import AdLoCoCallback
-from .checkpoint_load import check_workers_for_instances, load_checkpoint, load_cpu_optimizer, load_scheduler
+from .checkpoint_load import load_checkpoint, load_cpu_optimizer, load_scheduler, resume_point
 from .inner_step import StartupProbe, TrainerPasses, probe_step, worker_ddp
+from .inputs_check import check_eval_dataset
 from .loaders import epoch_of, train_loader
 from .merge_folders import reporting_parts, save_merge
 from .round_console import announce_round, quiet_console, use_round_console
+from .run_end import keep_the_results_of_an_ended_run, record_run_end
 from .staged_save import save_staged_checkpoint
 
 
@@ -82,11 +82,7 @@ class AdLoCoTrainer(Trainer):
                 "TrainingArguments field plus AdLoCo's (inner_steps, num_instances, ...)"
             )
         super().__init__(model=model, args=args, **kwargs)
-        if args.eval_strategy != "no" and self.eval_dataset is None:
-            raise ValueError(
-                f"eval_strategy={args.eval_strategy.value!r} asks for evaluation but no eval_dataset was given; pass "
-                "eval_dataset=... or set eval_strategy='no'"
-            )
+        check_eval_dataset(args, self.eval_dataset)  # one to evaluate, with samples (inputs_check.py)
         self.worker = Worker.from_args(args)
         self.evaluation_settings = EvaluationSettings.from_args(args)
         self.cards, self.hub = reporting_parts(self)  # the cards of the run's folders, its Hub uploads
@@ -175,13 +171,13 @@ class AdLoCoTrainer(Trainer):
     @collective("train()")
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`; raises [`TrainingPreempted`] naming the checkpoint written when SIGTERM/SIGINT stopped it.
-        The checkpoint to resume from is verified first; `True` takes the newest intact one (`checkpoint/manifest.py`).
-        Another run's checkpoints or merges in `output_dir` are named in a warning (`reporting/earlier_run.py`)."""
+        The checkpoint to resume from (else the config's `resume_from_checkpoint`) is verified first; `True` takes the
+        newest intact one; a finished run's last checkpoint only returns that run's output (`run_end.py`). Another
+        run's checkpoints or merges in `output_dir` are named in a warning (`checkpoint_load.resume_point`)."""
         self._preempted_at, self.cards.plot = None, None
-        resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
-        check_workers_for_instances(self.worker.checkpoint_view(), resume_from_checkpoint)
-        if self.is_world_process_zero():
-            warn_about_earlier_run(self.args.output_dir, resume_from_checkpoint)
+        resume_from_checkpoint, self.ended_run = resume_point(self, resume_from_checkpoint)
+        if self.ended_run is not None:  # nothing to train: one line said so, the run's files are kept
+            return self.ended_run
         self.hub.error = None
         with quiet_console(self.is_world_process_zero()):  # the banner's true lines, warnings once
             output = super().train(resume_from_checkpoint, *args, **kwargs)
@@ -192,6 +188,7 @@ class AdLoCoTrainer(Trainer):
         if self._preempted_at is not None:
             checkpoint = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self._preempted_at}")
             raise TrainingPreempted.saved(checkpoint, self._preempted_at, self.worker.preemption.signal_name)
+        record_run_end(self, output)  # the last checkpoint records the end; the run's line (run_end.py)
         return output
 
     def _run_epoch(self, *args, **kwargs) -> None:
@@ -335,6 +332,8 @@ class AdLoCoTrainer(Trainer):
         return folder
 
     predict = collective("predict()")(Trainer.predict)
+    save_metrics = keep_the_results_of_an_ended_run(Trainer.save_metrics)  # a resume that trained nothing keeps them
+    save_state = keep_the_results_of_an_ended_run(Trainer.save_state)
 
     # ---- model cards and the Hub: the run's `cards` (`reporting/run_cards.py`) and `hub` (`run_hub.py`) ----
     @property

@@ -6,6 +6,7 @@ import ast
 import glob
 import os
 import re
+import shlex
 
 import pytest
 from helpers import REPO
@@ -101,3 +102,49 @@ def test_the_multi_node_commands_are_checked():
     assert {run.launcher for run in runs} == {"accelerate", "torchrun"}, runs
     assert any(run.command.text.startswith("srun torchrun") for run in runs), [r.command.text for r in runs]
     assert len(runs) >= 5 and all(run.error is None for run in runs), [(str(r.command), r.error) for r in runs]
+
+
+# ---- a docs block that reads another benchmark's results says so (issue 55) ----
+
+RESULTS_INPUT = re.compile(r"outputs/benchmarks/([\w-]+)/.*\.json$")
+WRITES = ("--output_dir", "--out", "--results_dir")
+
+
+def results_read_without_saying(text: str) -> list[str]:
+    """The `outputs/benchmarks/<name>/...json` files a shell block of `text` reads (an option's value) that no command
+    of the block writes, and whose benchmark (`recipes.benchmarks.<name>`) neither the block nor the paragraph just
+    before it names: a reader running the block alone would be missing them."""
+    missing = []
+    for block in re.finditer(r"```(?:bash|sh)\n(.*?)```", text, re.S):
+        before = text[: block.start()].rstrip().split("\n\n")[-1]
+        written = []
+        for line in block.group(1).replace("\\\n", " ").splitlines():
+            try:
+                words = shlex.split(line, comments=True)
+            except ValueError:
+                continue
+            for option, value in zip(words, words[1:]):
+                if option in WRITES:
+                    written.append(value.rstrip("/") + "/")
+                elif option.startswith("--") and (match := RESULTS_INPUT.match(value)):
+                    made_here = any(value.startswith(folder) for folder in written)
+                    if not made_here and f"recipes.benchmarks.{match.group(1)}" not in before + block.group(1):
+                        missing.append(value)
+    return missing
+
+
+def test_every_docs_block_that_reads_another_benchmarks_results_names_it():
+    """docs/wallclock.md's blocks read links' and convergence's results without saying a run of them comes first."""
+    pages = glob.glob(os.path.join(DOCS, "*.md")) + glob.glob(
+        os.path.join(REPO, "recipes", "**", "*.md"), recursive=True
+    )
+    missing = {relative(page): found for page in pages if (found := results_read_without_saying(read(page)))}
+    assert not missing, missing
+
+
+def test_the_check_of_blocks_that_read_results_can_fail():
+    block = "```bash\npython -m recipes.benchmarks.wallclock --validate outputs/benchmarks/links/results.json\n```\n"
+    assert results_read_without_saying("Replays a run.\n\n" + block) == ["outputs/benchmarks/links/results.json"]
+    assert results_read_without_saying("Needs `recipes.benchmarks.links`' results first.\n\n" + block) == []
+    made = "```bash\npython -m x --output_dir outputs/benchmarks/p\npython -m y --profile outputs/benchmarks/p/r.json\n```"
+    assert results_read_without_saying(made) == []

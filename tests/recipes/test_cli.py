@@ -88,7 +88,7 @@ def copy_of(run: str, tmp_path) -> str:
 def test_the_entry_point_prints_its_usage_and_is_declared_in_setup_py():
     result = adloco_hf_cli("--help")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage: adloco-hf [-h] COMMAND ...")
+    assert result.stdout.startswith("usage: adloco-hf [-h] [--version] COMMAND ...")
     for command in ("summary", "plot", "verify", "export", "push"):
         assert f"\n    {command} " in result.stdout, result.stdout
     assert main([]) == 2  # no command: the usage, on stderr
