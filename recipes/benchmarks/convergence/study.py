@@ -237,7 +237,7 @@ def profile_costs(runs: dict, settings: dict, output_dir: str) -> dict:
                     continue
                 with open(path, encoding="utf-8") as f:
                     seconds = json.load(f)["seconds"]
-                per_round = (ends[-1][1 + link] - seconds) / ends[-1][0]
+                per_round = (ends[-1][1 + link] - seconds) / len(ends)  # one entry a round: [global step, seconds]
                 costs.append({"method": name, "seed": seed, "profile_seconds": seconds, "round_seconds": per_round,
                               "share_of_100_rounds": seconds / (100 * per_round)})  # fmt: skip
         out[label] = costs

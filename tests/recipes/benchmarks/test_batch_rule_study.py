@@ -132,9 +132,11 @@ def test_the_startup_profiles_cost_is_counted_against_a_hundred_of_the_runs_own_
     os.makedirs(folder)
     with open(os.path.join(folder, "adloco_startup_profile.json"), "w") as f:
         json.dump({"seconds": 0.5}, f)
-    # 10 rounds ended at 20.5 virtual s, 0.5 of them the profile's: 2 s a round.
-    runs = {"comparison": {"rule_startup": {"10gbit": {42: ({"virtual_round_ends": [[10, 20.5]]}, 0)}},
-                           "diloco_b4": {"10gbit": {42: ({"virtual_round_ends": [[10, 20.0]]}, 0)}}}}  # fmt: skip
+    # 10 rounds of 25 steps (one entry a round: [global step, virtual seconds]) ended at 20.5 virtual s, 0.5 of them
+    # the profile's: 2 s a round, not 2 / 25 (the rounds, not the steps, divide).
+    ends = [[25 * r, 0.5 + 2.0 * r] for r in range(1, 11)]
+    runs = {"comparison": {"rule_startup": {"10gbit": {42: ({"virtual_round_ends": ends}, 0)}},
+                           "diloco_b4": {"10gbit": {42: ({"virtual_round_ends": ends}, 0)}}}}  # fmt: skip
     (cost,) = study.profile_costs(runs, shared, str(tmp_path))["10gbit"]
     assert cost == {"method": "rule_startup", "seed": 42, "profile_seconds": 0.5, "round_seconds": 2.0,
                     "share_of_100_rounds": 0.5 / 200}  # fmt: skip

@@ -188,7 +188,8 @@ def test_a_run_timed_by_the_virtual_clock_repeats_its_seconds_and_the_rule_reads
     else:
         assert (omega, alpha, per_sample) == pytest.approx((0.002, 0.003, beta), rel=1e-6)
         assert per_round == pytest.approx(profile["outer_seconds"] + profile["statistics_seconds"], rel=1e-6)
-    assert any(line["next_batch_size"] != line["batch_size"] for line in first)  # the rule moved the request
+    requests = [first[0]["batch_size"]] + [line["next_batch_size"] for line in first]
+    assert any(request != 2 for request in requests)  # the rule moved the user's request (2), at the start or later
 
 
 @pytest.mark.slow  # ~60 s on 2 cores: two launches of 2 workers
