@@ -11,6 +11,7 @@ import pytest
 
 from recipes.benchmarks import convergence
 from recipes.benchmarks.convergence import study
+from recipes.benchmarks.convergence.lr_study import compare_schedules
 from recipes.benchmarks.toolkit import device_profiles, settings, stats
 from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, ring_all_reduce_seconds
 from recipes.benchmarks.toolkit.paths import REPO
@@ -140,3 +141,23 @@ def test_the_startup_profiles_cost_is_counted_against_a_hundred_of_the_runs_own_
     (cost,) = study.profile_costs(runs, shared, str(tmp_path))["10gbit"]
     assert cost == {"method": "rule_startup", "seed": 42, "profile_seconds": 0.5, "round_seconds": 2.0,
                     "share_of_100_rounds": 0.5 / 200}  # fmt: skip
+
+
+def test_the_learning_rate_comparison_pairs_each_schedule_with_the_reference_and_the_best_fixed_batch():
+    def curve(*points):
+        return [{"seconds": s, "eval_ppl": p} for s, p in points]
+
+    curves = {
+        "diloco_b16": {1: curve((0, 100), (10, 50))},  # the best fixed batch: 50 at the budget (10 s), reached at 10 s
+        "sqrt": {1: curve((0, 100), (10, 80), (20, 50))},  # the reference: 80 at the budget, 50 at 20 s
+        "held": {1: curve((0, 100), (5, 50), (10, 40))},  # 40 at the budget, 50 at 5 s
+        "slow": {1: curve((0, 100), (10, 90), (12, 85))},  # never reaches 50
+    }
+    out = compare_schedules(curves, "sqrt", "diloco_b16", 10.0)
+    assert set(out) == {"sqrt", "held", "slow"}
+    assert out["sqrt"]["time_vs_best_fixed"]["seeds"][1] == pytest.approx(2.0, rel=1e-6)
+    assert "ppl_vs_reference" not in out["sqrt"]
+    assert out["held"]["time_vs_best_fixed"]["seeds"][1] == pytest.approx(0.5, rel=1e-6)
+    assert out["held"]["ppl_vs_reference"]["geometric_mean"] == pytest.approx(0.5)
+    assert out["slow"]["time_vs_best_fixed"]["never"] == [1] and out["slow"]["time_vs_best_fixed"]["seeds"] == {}
+    assert out["slow"]["ppl_vs_reference"]["seeds"][1] == pytest.approx(90 / 80)
