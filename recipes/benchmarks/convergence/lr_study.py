@@ -8,7 +8,8 @@ batch's perplexity at the budget over that batch's own time (`study.time_ratios`
         --output docs/results/batch_rule_lr.json
 
 It launches nothing: the runs are the study's (`{study_dir}/{method}/seed-{S}/{bandwidth}/result.json` for a method
-that reads the clock, `{study_dir}/{fixed}/seed-{S}/result.json` for a fixed batch, its link by position).
+that reads the clock, `{study_dir}/{fixed}/seed-{S}/result.json` for a fixed batch, its link by position); `--best`
+and `--methods` may name either.
 """
 
 import argparse
@@ -26,6 +27,15 @@ __all__ = ["compare_schedules", "main"]
 def _load(path: str) -> dict:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def _curve(study_dir: str, name: str, seed: int, label: str, index: int) -> list[dict]:
+    """A run's eval curve on link `label`: its own folder's for a method that reads the clock, else the one run
+    priced on every link (`index`: the link's position in the study)."""
+    own = os.path.join(study_dir, name, f"seed-{seed}", label, "result.json")
+    if os.path.exists(own):
+        return link_curve(_load(own), 0, None)
+    return link_curve(_load(os.path.join(study_dir, name, f"seed-{seed}", "result.json")), index, None)
 
 
 def _geometric(values: list[float]) -> float | None:
@@ -68,11 +78,10 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     results = {"study_dir": args.study_dir, "seeds": args.seeds, "reference": args.reference, "links": {}}
     for index, (label, budget, best) in enumerate(zip(args.bandwidth, args.budget_virtual_seconds, args.best)):
-        curves = {best: {s: link_curve(_load(os.path.join(args.study_dir, best, f"seed-{s}", "result.json")), index, None)
-                         for s in args.seeds}}  # fmt: skip
-        for name in [args.reference, *args.methods]:
-            curves[name] = {s: link_curve(_load(os.path.join(args.study_dir, name, f"seed-{s}", label, "result.json")), 0, None)
-                            for s in args.seeds}  # fmt: skip
+        curves = {
+            name: {s: _curve(args.study_dir, name, s, label, index) for s in args.seeds}
+            for name in [best, args.reference, *args.methods]
+        }
         results["links"][label] = {"budget_seconds": budget, "best_fixed": best,
                                    "methods": compare_schedules(curves, args.reference, best, budget)}  # fmt: skip
         for name, entry in results["links"][label]["methods"].items():

@@ -185,9 +185,10 @@ def method_spec(
     spec.update(method=name, kind=method["kind"], seed=seed, output_dir=os.path.join(output_dir, name, f"seed-{seed}"))
     spec["adloco"] = {**settings["adloco"], **method.get("adloco", {})}
     spec["slow_workers"] = method.get("slow_workers")
-    if "batch_size" in method:  # a fixed batch of its own, at the square-root rule's learning rate for it
+    if "batch_size" in method:  # a fixed batch of its own, at the square-root rule's learning rate for it (or not)
         batch = method["batch_size"]
-        spec["train"]["learning_rate"] *= math.sqrt(batch / settings["train"]["batch_size"])
+        if method.get("scale_learning_rate", True):
+            spec["train"]["learning_rate"] *= math.sqrt(batch / settings["train"]["batch_size"])
         spec["train"]["batch_size"] = batch
     if "budget_factor" in method:
         spec["budget_tokens"] = int(settings["budget_tokens"] * method["budget_factor"])

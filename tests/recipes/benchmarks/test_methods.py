@@ -38,6 +38,10 @@ def test_method_specs_share_everything_but_their_own_settings(tmp_path):
         assert spec["train"] == specs["ddp"]["train"]
         assert spec["train"]["learning_rate"] == 0.002
         assert spec["budget_tokens"] == specs["ddp"]["budget_tokens"]
+    # A fixed batch runs at the square-root rule's learning rate for it, unless it holds the initial batch's rate.
+    assert specs["diloco_b64"]["train"]["learning_rate"] == pytest.approx(0.002 * math.sqrt(64 / 4))
+    assert specs["diloco_b64_lr_held"]["train"]["learning_rate"] == 0.002
+    assert specs["diloco_b64_lr_held"]["train"]["batch_size"] == specs["diloco_b64"]["train"]["batch_size"] == 64
     assert specs["diloco"]["adloco"]["num_instances"] == 1
     assert specs["diloco"]["adloco"]["batch_size_test"] == "none"
     assert specs["adloco"]["adloco"]["num_instances"] == 4
@@ -162,7 +166,7 @@ def test_compression_and_overlap_variants_change_only_their_settings_and_make_a_
     assert convergence.parse_args([]).methods == list(nine)  # the variants run only when named
     goodput = {"diloco_b4", "diloco_b8", "diloco_b16", "adloco_goodput", "adloco_norm", "diloco_goodput"}  # issue 25's
     study = {"diloco_b32", "diloco_b64"}  # issues 39 and 51's studies (convergence --clock virtual)
-    study |= {"rule_startup", "rule_live", "rule_startup_lr_held", "rule_startup_sqrt_adam"}
+    study |= {"rule_startup", "rule_live", "rule_startup_lr_held", "rule_startup_sqrt_adam", "diloco_b64_lr_held"}
     assert set(METHODS) == set(nine) | set(VARIANTS) | {"adloco_paper"} | goodput | study
     args = convergence.parse_args(["--quick", "--methods", *VARIANTS])
     assert args.methods == list(VARIANTS) and run_order(args.methods) == list(VARIANTS)
