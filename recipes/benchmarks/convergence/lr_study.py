@@ -17,7 +17,7 @@ import json
 import math
 import os
 
-from recipes.benchmarks.convergence.study import _at, summarise, time_ratios
+from recipes.benchmarks.convergence.study import ppl_at, summarise, time_ratios
 from recipes.benchmarks.convergence.virtual import link_curve
 
 
@@ -52,7 +52,7 @@ def compare_schedules(curves: dict, reference: str, best: str, budget: float) ->
             continue
         entry = {"time_vs_best_fixed": summarise(time_ratios(by_seed, curves[best], budget))}
         if name != reference:
-            ratios = {s: _at(p, budget) / _at(curves[reference][s], budget) for s, p in by_seed.items()}
+            ratios = {s: ppl_at(p, budget) / ppl_at(curves[reference][s], budget) for s, p in by_seed.items()}
             entry["ppl_vs_reference"] = {"seeds": ratios, "geometric_mean": _geometric(list(ratios.values()))}
         out[name] = entry
     return out

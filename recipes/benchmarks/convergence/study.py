@@ -33,7 +33,7 @@ from recipes.benchmarks.toolkit.settings import method_spec, on_links, reads_clo
 from recipes.benchmarks.toolkit.stats import first_reach, interpolate_curve, paired_interval, ratio, sign_test
 
 
-__all__ = ["compare_study", "format_study", "plot_study", "run_study", "study_targets"]
+__all__ = ["compare_study", "format_study", "plot_study", "ppl_at", "run_study", "study_targets"]
 
 # Issue 51's targets: the time ratio to the best fixed batch (geometric mean at most `mean`, the 95 % interval's upper
 # end at most `high`, at most `never` seeds that never reach it) and against a user's guess (mean at most `guess`).
@@ -89,7 +89,8 @@ def run_study(args, settings: dict, output_dir: str, seeds: list[int], names: li
     return {"selection": selection, "comparison": comparison, "best": best, "selection_seeds": selection_seeds}
 
 
-def _at(points: list[dict], seconds: float) -> float | None:
+def ppl_at(points: list[dict], seconds: float) -> float | None:
+    """A run's eval perplexity at `seconds` on its curve (log-linear between evaluations), None outside it."""
     return interpolate_curve([[p["seconds"], p["eval_ppl"]] for p in points if p["seconds"] is not None], seconds)
 
 
@@ -101,7 +102,7 @@ def _reach(points: list[dict], target: float) -> float | None:
 def best_fixed(curves: dict[str, dict[int, list[dict]]], budget: float) -> str | None:
     """The fixed batch of the lowest geometric mean perplexity at `budget` over the selection seeds (every seed must
     have reached the budget)."""
-    at_budget = {n: [_at(p, budget) for p in by_seed.values()] for n, by_seed in curves.items()}
+    at_budget = {n: [ppl_at(p, budget) for p in by_seed.values()] for n, by_seed in curves.items()}
     ranked = [n for n, values in at_budget.items() if values and all(v is not None for v in values)]
     return min(ranked, key=lambda n: mean_sd(at_budget[n], geometric=True)[0]) if ranked else None
 
@@ -113,7 +114,7 @@ def time_ratios(curves: dict[int, list[dict]], reference: dict[int, list[dict]],
     for seed, points in curves.items():
         if seed not in reference:
             continue
-        target = _at(reference[seed], budget)
+        target = ppl_at(reference[seed], budget)
         if target is not None:
             target *= 1 + 1e-9  # the log-linear interpolation's round-off: the reference reaches its own value
         own = None if target is None else _reach(reference[seed], target)
@@ -148,15 +149,15 @@ def compare_study(study_curves: dict, budget: float, best: str | None, guess: st
     fixed = [n for n in selection if "batch_size" in METHODS[n]]
     out = {"budget_seconds": budget, "best_fixed": best, "selection": {}, "methods": {}}
     for name in fixed:
-        values = [_at(p, budget) for p in selection[name].values()]
+        values = [ppl_at(p, budget) for p in selection[name].values()]
         mean, sd = mean_sd([v for v in values if v is not None], geometric=True)
         out["selection"][name] = {"ppl_at_budget": mean, "ppl_at_budget_sd": sd, "seeds": len(values)}
     if best is None or best not in comparison:
         return out
     reference = comparison[best]
     for name, by_seed in comparison.items():
-        entry = {"ppl_at_budget": mean_sd([_at(p, budget) for p in by_seed.values()], geometric=True)[0]}
-        paired = [ratio(_at(p, budget), _at(reference[s], budget)) for s, p in by_seed.items() if s in reference]
+        entry = {"ppl_at_budget": mean_sd([ppl_at(p, budget) for p in by_seed.values()], geometric=True)[0]}
+        paired = [ratio(ppl_at(p, budget), ppl_at(reference[s], budget)) for s, p in by_seed.items() if s in reference]
         entry["ppl_vs_best_fixed"] = paired_interval([p for p in paired if p is not None])
         if name != best:
             entry["time_vs_best_fixed"] = summarise(time_ratios(by_seed, reference, budget))

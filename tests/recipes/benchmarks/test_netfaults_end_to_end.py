@@ -17,7 +17,8 @@ from recipes.benchmarks.toolkit.testbed import LinkPlan, unavailable_reason
 
 
 # Each worker: the default group formed as a user's script forms it (env://, from the MASTER_ADDR that torchrun's
-# rendezvous published), one all-reduce over the links, and what it saw written to `<argv[1]>-<rank>`.
+# rendezvous published), one all-reduce over the links, what it saw written to `<argv[1]>-<rank>`, and the group
+# destroyed before exit, as a user's script ends.
 ONE_WORLD = """
 import datetime, os, sys
 import torch, torch.distributed as dist
@@ -26,6 +27,7 @@ total = torch.ones(1)
 dist.all_reduce(total)
 with open(f"{sys.argv[1]}-{dist.get_rank()}", "w") as f:
     f.write(f"{dist.get_world_size()} {total.item():g} {os.environ['MASTER_ADDR']}")
+dist.destroy_process_group()  # gloo's threads still running at exit may abort the process ("terminate called ...")
 """
 
 
