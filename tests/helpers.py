@@ -19,6 +19,8 @@ import huggingface_hub
 import torch
 import warm_launch
 
+import adloco_hf.data
+import adloco_hf.presets
 from adloco_hf import AdLoCoConfig, testing
 from adloco_hf.common.clock import Clock
 from adloco_hf.rounds.rules import RoundRules
@@ -413,3 +415,13 @@ def launch_run(
     spec = worker_spec(out, probe, world_size, config, **extra)
     launch(script, json.dumps(spec), num_processes=world_size, timeout=timeout)
     return out, probe
+
+
+# What builds a run's data and model, by (module, name): a test that replaces each proves nothing reads data before
+# the settings are checked (test_user_mistakes, test_readme).
+DATA_BUILDERS = [
+    (adloco_hf.data, "load_text_corpus"),
+    (adloco_hf.data, "load_or_train_tokenizer"),
+    (adloco_hf.data, "build_lm_datasets"),
+    (adloco_hf.presets, "build_model"),
+]

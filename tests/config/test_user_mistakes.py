@@ -15,10 +15,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import REPO, sequence_dataset, tiny_model, tiny_run_config
+from helpers import DATA_BUILDERS, REPO, sequence_dataset, tiny_model, tiny_run_config
 
-import adloco_hf.data
-import adloco_hf.presets
 from adloco_hf import AdLoCoConfig, AdLoCoTrainer
 from adloco_hf.config import compat
 
@@ -93,12 +91,7 @@ def no_data(monkeypatch):
     def data_read(*args, **kwargs):
         raise DataRead
 
-    for module, name in [
-        (adloco_hf.data, "load_text_corpus"),
-        (adloco_hf.data, "load_or_train_tokenizer"),
-        (adloco_hf.data, "build_lm_datasets"),
-        (adloco_hf.presets, "build_model"),
-    ]:
+    for module, name in DATA_BUILDERS:
         monkeypatch.setattr(module, name, data_read)
     monkeypatch.setattr(compat, "_warned", set())  # warnings are said once per process: each case says its own
     # No reporting integration is installed here (wandb is named as one that is not).

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 
 import pytest
-from helpers import REPO, launch
+from helpers import DATA_BUILDERS, REPO, launch
 from transformers import TrainingArguments
 
 from adloco_hf import AdLoCoConfig
@@ -553,8 +553,6 @@ def test_the_readme_example_checks_its_config_before_building_any_data(
 ):
     """The example run with a config mistake: AdLoCoConfig refuses it before the corpus is read, the tokenizer
     trained, the data packed or the model built, naming the field."""
-    import adloco_hf.data
-    import adloco_hf.presets
 
     def too_early(name):
         def build(*args, **kwargs):
@@ -562,12 +560,7 @@ def test_the_readme_example_checks_its_config_before_building_any_data(
 
         return build
 
-    for module, name in [
-        (adloco_hf.data, "load_text_corpus"),
-        (adloco_hf.data, "load_or_train_tokenizer"),
-        (adloco_hf.data, "build_lm_datasets"),
-        (adloco_hf.presets, "build_model"),
-    ]:
+    for module, name in DATA_BUILDERS:
         monkeypatch.setattr(module, name, too_early(name))
     code = readme_example().replace('"out"', repr(str(tmp_path / "out"))).replace('"cache"', repr(str(tmp_path)))
     assert written in code
