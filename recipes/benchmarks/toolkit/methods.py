@@ -209,13 +209,16 @@ METHODS: dict[str, dict] = {
     "diloco_b32": {"kind": "adloco", "adloco": {**DILOCO, **FIXED_BATCH}, "batch_size": 32},
     # Issue 51's sweep of fixed batches (4 to 64), from which the best is chosen on selection seeds.
     "diloco_b64": {"kind": "adloco", "adloco": {**DILOCO, **FIXED_BATCH}, "batch_size": 64},
-    # The same at the initial batch's learning rate (no √ scaling): the fixed batch beside the rule with its rate
-    # held (`rule_startup_lr_held`), which runs 64 throughout over 100 Mbit/s.
-    "diloco_b64_lr_held": {
-        "kind": "adloco",
-        "adloco": {**DILOCO, **FIXED_BATCH},
-        "batch_size": 64,
-        "scale_learning_rate": False,
+    # The same at the initial batch's learning rate (no √ scaling; at b = 4 both are `diloco_b4`): the sweep over
+    # batch × {held, √} a user would run, beside the rule with its rate held (`rule_startup_lr_held`, the defaults).
+    **{
+        f"diloco_b{size}_lr_held": {
+            "kind": "adloco",
+            "adloco": {**DILOCO, **FIXED_BATCH},
+            "batch_size": size,
+            "scale_learning_rate": False,
+        }
+        for size in (8, 16, 32, 64)
     },
     "adloco_goodput": {"kind": "adloco", "adloco": {**ADLOCO, **GOODPUT}, "budget_factor": 1.5},
     # adloco_goodput with the norm test's request instead of the goodput rule (everything else the same: instances,
