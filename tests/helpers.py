@@ -23,7 +23,7 @@ import adloco_hf.data
 import adloco_hf.presets
 from adloco_hf import AdLoCoConfig, testing
 from adloco_hf.common.clock import Clock
-from adloco_hf.rounds.rules import RoundRules
+from adloco_hf.rounds.rules import RoundRules, RoundSettings
 from adloco_hf.testing import WorkersResult, free_port, launch_command, run_workers
 from adloco_hf.testing import tiny_llama as tiny_model
 from adloco_hf.testing import tiny_llama_config as tiny_config
@@ -135,7 +135,9 @@ def round_rules(*, max_batch_size: int, shard_size: int | None = None, **setting
     if unknown:
         raise TypeError(f"round_rules: {unknown} are not AdLoCoConfig fields")
     args = types.SimpleNamespace(**{**defaults, **settings})
-    return RoundRules.from_args(args, max_batch_size=max_batch_size, shard_size=shard_size)
+    return RoundRules.from_args(
+        args, settings=RoundSettings.from_args(args), max_batch_size=max_batch_size, shard_size=shard_size
+    )
 
 
 def tiny_run_config(tmp_path, **overrides) -> AdLoCoConfig:

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field, replace
 
 from ..batch.controller import next_request
 from ..batch.goodput import GoodputChoice, GoodputModel, choose_request
-from ..batch.size_tests import PooledStatistics, pool_statistics
+from ..batch.size_tests import pool_statistics
 from ..batch.startup_profile import StartupProfile
 from ..batch.throughput import StepTimeModel, ThroughputProfile
 from ..batch.worker_split import plan_worker_split, resize_split
 from ..instances.health import merge_warnings, skipped_rounds_failure
 from ..instances.table import Instance, MergePlan, merge_is_due, plan_merge
-from ..outer.step import ring_all_reduce_bytes
-from .plan import WorkerPlan, plan_instance, plan_round, process_plan
+from .lines import InstanceOutcome, finish_lines, outer_noise, round_line, worker_sample_seconds
+from .plan import RoundPlan, WorkerPlan, plan_round, process_plan
 from .rows import RoundLine, WorkerReport
 from .rules import RoundRules
 
@@ -26,6 +26,7 @@ from .rules import RoundRules
 __all__ = [
     "RoundDecision",
     "decide_round",
+    "finish_lines",
     "goodput_choice",
     "next_round_inner_steps",
     "outer_noise",
@@ -37,66 +38,57 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RoundDecision:
-    """What every rank decided from the same reports: the round's lines, the table after it, the merge if due, and
-    every worker's plan for the next round (worker id → [`WorkerPlan`]), planned from that table."""
+    """What every rank decided from the same reports: the round's lines (as far as the reports tell them; the worker
+    finishes them with `finish_lines` once the merge is carried out) and the next round's [`RoundPlan`]."""
 
     lines: dict[int, RoundLine]
-    instances: list[Instance]
-    merge: MergePlan | None
-    plans: dict[int, WorkerPlan] = field(default_factory=dict)
+    plan: RoundPlan
     warnings: list[str] = field(
         default_factory=list
     )  # merges of instances that made no progress (`instances/health.py`)
     failure: str | None = None  # why the run stops: an instance skipped more than max_skipped_rounds in a row
-    next_inner_steps: int | None = None  # the next round's inner steps (None: unchanged)
+
+    @property
+    def instances(self) -> list[Instance]:
+        """The table after the round: the next round's."""
+        return list(self.plan.instances)
+
+    @property
+    def merge(self) -> MergePlan | None:
+        return self.plan.merge
+
+    @property
+    def plans(self) -> dict[int, WorkerPlan]:
+        """Every worker's plan for the next round."""
+        return dict(self.plan.workers)
+
+    @property
+    def next_inner_steps(self) -> int | None:
+        return self.plan.inner_steps
 
 
-def _line(
-    inst: Instance,
-    members: list[WorkerReport],
-    pooled: PooledStatistics,
-    next_batch: int,
-    *,
-    outer_step: int,
-    global_step: int,
-    rules: RoundRules,
-) -> RoundLine:
-    g = rules.processes_per_worker
-    ran = plan_instance(inst, rules)  # what every worker of the instance ran this round
-    requested = process_plan(inst.batch_size // g, rules)  # the request as switch mode ran it (shares aside)
-    steps = sum(m.loss_steps for m in members)
-    # Local rank l of every worker all-reduces slice l: the ring bytes of the first worker's G processes' payloads.
-    first = members[:g]
-    seconds = worker_sample_seconds(members, g)
-    return RoundLine(
-        outer_step=outer_step,
-        global_step=global_step,
-        instance=inst.id,
-        workers=list(inst.workers),
-        batch_size=inst.batch_size,
-        next_batch_size=next_batch,
-        micro_batch_size=requested.micro_batch_size,
-        accumulation_steps=requested.accumulation_steps,
-        lr_factor=ran[inst.first_worker].lr_factor,
-        samples=int(sum(m.samples for m in members)),
-        tokens=int(sum(m.tokens for m in members)),
-        train_loss=sum(m.loss_sum for m in members) / steps if steps else math.nan,
-        grad_variance=pooled.variance,
-        grad_sq_norm=pooled.grad_sq_norm,
-        grad_ip_variance=pooled.ip_variance,
-        grad_orth_variance=pooled.orth_variance,
-        stats_dof=pooled.dof,
-        pseudo_grad_norm=members[0].pseudo_grad_norm,
-        comm_bytes=sum(ring_all_reduce_bytes(m.payload_bytes, len(inst.workers)) for m in first),
-        comm_seconds=max(m.comm_seconds for m in members),
-        outer_seconds=max(m.outer_seconds for m in members),
-        skipped=any(m.skipped for m in members),
-        processes_per_worker=g,
-        processes=[w * g + local for w in inst.workers for local in range(g)] if g > 1 else None,
-        process_payload_bytes=[m.payload_bytes for m in first] if g > 1 else None,
-        worker_batch_sizes=[ran[w].share for w in inst.workers],
-        worker_sample_seconds=[s if math.isfinite(s) else None for s in seconds],
-    )
+def _outcome(
+    inst: Instance, members: list[WorkerReport], rules: RoundRules, startup: StartupProfile | None, inner_steps: int
+) -> InstanceOutcome:
+    """`inst` after its round: the next request its rule asks for (kept in a skipped round), and its averages."""
+    controller, g = rules.controller, rules.processes_per_worker
+    goodput = controller.target == "goodput"
+    pooled = pool_statistics([m.stats for m in members])
+    next_batch, estimate, choice = inst.batch_size, inst.noise, None
+    throughput, times = _costs(inst, members, rules, startup) if goodput else (None, None)
+    skipped = any(m.skipped for m in members)
+    if not skipped:
+        estimate = inst.noise.update(pooled, controller.smoothing)
+        if goodput:
+            choice = goodput_choice(inst, estimate.noise_scale, times, rules, inner_steps=inner_steps)
+            next_batch = inst.batch_size if choice is None else choice.request
+        else:
+            next_batch = next_request(
+                controller, pooled, estimate, current=inst.batch_size, num_workers=len(inst.workers)
+            )
+        next_batch = g * math.ceil(next_batch / g)  # each of the worker's processes draws 1/G of it
+    after = inst.after_round(next_batch, skipped=skipped, noise=estimate, throughput=throughput)
+    return InstanceOutcome(members, pooled, after, estimate.noise_scale, times, choice)
 
 
 def decide_round(
@@ -109,7 +101,8 @@ def decide_round(
     inner_steps: int | None = None,
     startup: StartupProfile | None = None,
 ) -> RoundDecision:
-    """Every instance's next request and round line, and the merge if one is due (pure; the same on every rank).
+    """Every instance's next request and round line, the merge if one is due, and the next round's plan (pure; the
+    same on every rank): with `first_plan`, the only maker of a [`RoundPlan`].
 
     Args:
         instances: the table during the round that just ended.
@@ -118,7 +111,7 @@ def decide_round(
         outer_step: the 1-based number of the round that just ended.
         global_step: the Trainer's step at its end.
         rules: the settings the decision depends on.
-        inner_steps: the round's inner steps H (for its lines and `next_inner_steps`; None: not tracked).
+        inner_steps: the round's inner steps H (for its lines and the next round's H; None: not tracked).
         startup: the run's startup profile (`batch/startup_profile.py`): with `goodput_timing="startup"` the goodput
             rule's step and round costs, for the whole run; None: the rule reads the costs measured on the rounds.
 
@@ -127,38 +120,13 @@ def decide_round(
     `failure`. A merge, when due, is planned on the table with the new requests; `merged_from` is set on the
     survivor's line, and a merged instance that made no progress gets a warning (`instances/health.py`).
     """
-    lines, decided = {}, []
-    controller = rules.controller
     g = rules.processes_per_worker
-    goodput = controller.target == "goodput"
+    outcomes = {}
     for inst in instances:
         members = [reports[w * g + local] for w in inst.workers for local in range(g)]
-        pooled = pool_statistics([m.stats for m in members])
-        next_batch, estimate, choice = inst.batch_size, inst.noise, None
-        throughput, times = _costs(inst, members, rules, startup) if goodput else (None, None)
         steps = inner_steps or max(m.loss_steps for m in members)
-        if not any(m.skipped for m in members):
-            estimate = inst.noise.update(pooled, controller.smoothing)
-            if goodput:
-                choice = goodput_choice(inst, estimate.noise_scale, times, rules, inner_steps=steps)
-                next_batch = inst.batch_size if choice is None else choice.request
-            else:
-                next_batch = next_request(
-                    controller, pooled, estimate, current=inst.batch_size, num_workers=len(inst.workers)
-                )
-            next_batch = g * math.ceil(next_batch / g)  # each of the worker's processes draws 1/G of it
-        line = _line(inst, members, pooled, next_batch, outer_step=outer_step, global_step=global_step, rules=rules)
-        scale = estimate.noise_scale
-        line.noise_scale = scale if math.isfinite(scale) else None
-        if goodput:
-            line.step_model = None if times is None else times.as_list()
-            if choice is not None:
-                line.goodput, line.goodput_kept = choice.goodput, choice.kept
-        decided.append(inst.after_round(next_batch, skipped=line.skipped, noise=estimate, throughput=throughput))
-        line.skipped_in_a_row = decided[-1].skipped_in_a_row
-        # One ‖Δ_w‖² per worker (its G processes hold the same Δ).
-        line.outer_noise = outer_noise([m.local_sq_norm for m in members[::g]], line.pseudo_grad_norm)
-        lines[inst.id] = line
+        outcomes[inst.id] = _outcome(inst, members, rules, startup, steps)
+    decided = [outcomes[inst.id].after for inst in instances]
     # Per worker (a non-finite loss on any of its processes makes its sum non-finite).
     losses = {w: sum(reports[w * g + local].loss_sum for local in range(g)) for w in range(len(reports) // g)}
     failure = skipped_rounds_failure(
@@ -170,58 +138,46 @@ def decide_round(
         if rules.merge_batch_rule == "preserve_total":
             # Demand and merge weights count the samples each instance processed per inner step this round (switch
             # mode may have run fewer than requested), not next round's requests.
-            planning = [replace(d, demand=float(lines[d.id].batch_size_used * len(d.workers))) for d in decided]
+            used = {inst.id: used_per_worker(inst.batch_size, rules) for inst in instances}
+            planning = [replace(d, demand=float(used[d.id] * len(d.workers))) for d in decided]
         merge = plan_merge(
             planning,
             policy=rules.merge_policy,
             num_workers=len(reports) // g,
             batch_rule=rules.merge_batch_rule,
             processes_per_worker=g,
-            cap=controller.cap,
+            cap=rules.controller.cap,
         )
         warnings = merge_warnings(merge, outer_step=outer_step)
         decided = list(merge.after)
-        lines[merge.survivor].merged_from = [merge.merged]
-        lines[merge.merged].merged_into = merge.survivor
-        # The next round runs the requests the merge left (`merge_batch_rule`, over the redistributed workers), not
-        # the ones the instances asked for: the lines say both, named apart.
-        for inst in decided:
-            line = lines[inst.id]
-            if inst.batch_size != line.next_batch_size:
-                line.asked_batch_size, line.next_batch_size = line.next_batch_size, inst.batch_size
+    next_batch = {inst.id: inst.batch_size for inst in decided}
+    lines = {
+        inst.id: round_line(
+            inst,
+            outcomes[inst.id],
+            next_batch=next_batch.get(inst.id, outcomes[inst.id].after.batch_size),
+            merge=merge,
+            outer_step=outer_step,
+            global_step=global_step,
+            rules=rules,
+        )
+        for inst in instances
+    }
     if rules.split.rule == "speed":
         decided = plan_shares(decided, reports, rules)
-    next_inner_steps = (
-        None if inner_steps is None else next_round_inner_steps(list(lines.values()), inner_steps, rules)
-    )
-    return RoundDecision(
-        lines=lines,
-        instances=decided,
+    plan = RoundPlan(
+        instances=tuple(decided),
+        workers=plan_round(decided, rules),
+        inner_steps=None if inner_steps is None else next_round_inner_steps(list(lines.values()), inner_steps, rules),
         merge=merge,
-        plans=plan_round(decided, rules),
-        warnings=warnings,
-        failure=failure,
-        next_inner_steps=next_inner_steps,
     )
+    return RoundDecision(lines=lines, plan=plan, warnings=warnings, failure=failure)
 
 
 def used_per_worker(batch_size: int, rules: RoundRules) -> int:
     """The samples a worker of an instance requesting `batch_size` per worker trains per inner step, as switch mode
     runs it (capped at `max_batch_size` per process between it and `switch_threshold` × it)."""
     return rules.processes_per_worker * process_plan(batch_size // rules.processes_per_worker, rules).batch_size
-
-
-def worker_sample_seconds(members: list[WorkerReport], processes_per_worker: int) -> list[float]:
-    """Each worker's seconds per sample over the round, from its processes' reports (in worker order, G each): its
-    slowest process's inner-step seconds (DDP keeps them in step) over the samples all of them trained. NaN for a
-    worker that trained nothing (or measured no time)."""
-    g = processes_per_worker
-    out = []
-    for start in range(0, len(members), g):
-        processes = members[start : start + g]
-        seconds, samples = max(m.step_seconds for m in processes), sum(m.samples for m in processes)
-        out.append(seconds / samples if samples > 0 and seconds > 0 else math.nan)
-    return out
 
 
 def plan_shares(instances: list[Instance], reports: list[WorkerReport], rules: RoundRules) -> list[Instance]:
@@ -300,18 +256,6 @@ def goodput_choice(
         model, current=inst.batch_size, low=low, high=high, hysteresis=controller.goodput_hysteresis
     )
     return choice if math.isfinite(choice.goodput) and math.isfinite(choice.kept) else None
-
-
-def outer_noise(local_sq_norms: list[float], mean_norm: float) -> float | None:
-    """The relative noise of an instance's averaged pseudo-gradient, from its M workers' own squared norms ‖Δ_w‖²
-    and the norm of their average Δ̄: the unbiased variance across workers, Σ_w ‖Δ_w − Δ̄‖² / (M − 1)
-    = M (mean ‖Δ_w‖² − ‖Δ̄‖²) / (M − 1), over M ‖Δ̄‖². Small: the workers agree, a round could run longer. None with
-    one worker, without the workers' norms (overlapped outer steps) or a zero or non-finite average."""
-    m = len(local_sq_norms)
-    mean_sq = mean_norm**2
-    if m < 2 or not all(math.isfinite(x) for x in local_sq_norms) or not math.isfinite(mean_sq) or mean_sq <= 0:
-        return None
-    return (sum(local_sq_norms) / m - mean_sq) / ((m - 1) * mean_sq)
 
 
 def next_round_inner_steps(lines: list[RoundLine], inner_steps: int, rules: RoundRules) -> int:

@@ -14,20 +14,24 @@ An instance's request b (per worker) becomes, for each of its workers, everythin
 - its weight in the instance's average of pseudo-gradients: its share of the instance's samples, or None while every
   worker trains the same batch (the plain mean).
 
-`decide_round` plans the next round from the table it decides (after the merge, with the new shares); the worker
-applies its [`WorkerPlan`] as a whole to its sampler and inner optimizer, and the round's line reports the plan that
-ran next to the request for the next round.
+A round as a whole is one value, [`RoundPlan`]: the instance table it runs, every worker's `WorkerPlan`, its inner
+steps H and the merge carried out before it. Two pure functions make one: [`first_plan`] (the first round of a run or
+of a resume, from the table and the rules) and `rounds.decision.decide_round` (every next round, from the reports of
+the round that ended); the worker applies it in one place (`RoundEnd.apply`), at the start and at every round's end.
+The round's line reports the plan that ran next to the request for the next round.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from ..batch.lr_scaling import lr_factor
 from ..batch.switch_mode import BatchPlan, SwitchMode
-from ..instances.table import Instance
+from ..instances.table import Instance, MergePlan
 from .rules import RoundRules
 
 
-__all__ = ["WorkerPlan", "plan_instance", "plan_round", "process_plan"]
+__all__ = ["RoundPlan", "WorkerPlan", "first_plan", "plan_instance", "plan_round", "process_plan"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +101,34 @@ def plan_round(instances: list[Instance], rules: RoundRules) -> dict[int, Worker
     for instance in instances:
         plans.update(plan_instance(instance, rules))
     return plans
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """A round, decided before it runs, the same on every rank (module docstring).
+
+    Attributes:
+        instances: the instance table the round runs (requests, workers, shares, each instance's averages).
+        workers: every worker's plan for the round (worker id → [`WorkerPlan`]), made from `instances`.
+        inner_steps: the round's inner steps H (None where the decision was not told H: the decision alone, in tests).
+        merge: the merge carried out before the round, at the end of the round before it (None: none).
+    """
+
+    instances: tuple[Instance, ...]
+    workers: Mapping[int, WorkerPlan]
+    inner_steps: int | None
+    merge: MergePlan | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "instances", tuple(self.instances))
+        object.__setattr__(self, "workers", MappingProxyType(dict(self.workers)))
+
+    def worker(self, worker_id: int) -> WorkerPlan:
+        """The plan of worker `worker_id`."""
+        return self.workers[worker_id]
+
+
+def first_plan(instances: list[Instance], rules: RoundRules, *, inner_steps: int) -> RoundPlan:
+    """The plan of a run's first round, or of the first round after a resume: `instances` as they start (the initial
+    requests or the startup profile's, `rounds/first_round.py`; a checkpoint's table on a resume), no merge."""
+    return RoundPlan(instances=tuple(instances), workers=plan_round(instances, rules), inner_steps=inner_steps)

@@ -78,9 +78,10 @@ class WorkerReport:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class RoundLine:
-    """One line of `adloco_rounds.jsonl`: one instance in one round (the DESIGN §4 keys and a few more)."""
+    """One line of `adloco_rounds.jsonl`: one instance in one round (the DESIGN §4 keys and a few more), built once
+    by `rounds.decision.decide_round` and finished by `rounds.decision.finish_lines` (never changed in place)."""
 
     outer_step: int
     global_step: int

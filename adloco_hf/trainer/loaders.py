@@ -30,11 +30,12 @@ def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | A
     args, dataset, collator = trainer.args, trainer.train_dataset, trainer.data_collator
     check_not_text(trainer, dataset)  # before the Trainer strips a text dataset of every column
     settings = LoaderSettings.from_args(args)
+    initial = trainer.worker.settings.start.initial_batch_size  # per_device_train_batch_size (`RoundSettings`)
     if is_stream(dataset):
         loader = adaptive_stream_loader(
             dataset,
             trainer_collator_with_removed_columns(trainer, collator, "training"),
-            batch_size=args.per_device_train_batch_size,
+            batch_size=initial,
             num_workers=args.world_size,
             rank=args.process_index,
             loader=settings,
@@ -48,7 +49,7 @@ def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | A
     loader = adaptive_train_loader(
         dataset,
         collator,
-        batch_size=args.per_device_train_batch_size,
+        batch_size=initial,
         num_workers=args.world_size,
         rank=args.process_index,
         seed=args.data_seed if args.data_seed is not None else args.seed,

@@ -34,7 +34,7 @@ from ..instances.table import Instance
 from ..outer.step import GlobalModel
 from ..reporting.run_log import RunLog
 from ..rounds.log_lines import run_summary
-from ..rounds.plan import WorkerPlan, plan_instance
+from ..rounds.plan import WorkerPlan
 from ..rounds.rules import RoundRules, RoundRulesCache
 from ..rounds.state import AdLoCoState, RoundResult, RunTotals, StepEnd
 from . import saved_state
@@ -104,7 +104,7 @@ class Worker:
             layout, get_rank(), timeout=settings.worker_timeout, outer_overlap=settings.outer.background
         )
         replica = (FSDPReplica if settings.sharded else DDPReplica)(settings, groups)
-        return cls(settings, groups, replica, RoundRulesCache(args))
+        return cls(settings, groups, replica, RoundRulesCache(args, settings.start.rounds))
 
     # ---- the Trainer's calls ----
     def start(
@@ -149,7 +149,7 @@ class Worker:
             startup_probe=startup_probe,
         )
         self._pending = None
-        self.parts.round_end.follow(self.rules_plan())
+        self.parts.round_end.apply(self.parts.first_plan)
         if self.rank == 0:
             log_start(self.settings, self.process_groups, self.rounds, self.rules, self.run_log, resume, global_step)
 
@@ -232,10 +232,6 @@ class Worker:
         return self.rules_cache.get(
             max_batch_size=self.rounds.max_batch_size, shard_size=self.parts.training.sampler.shard_size
         )
-
-    def rules_plan(self) -> WorkerPlan:
-        """This worker's plan for a round run by the instance table as it is now."""
-        return plan_instance(self.instance, self.rules)[self.worker_id]
 
     @property
     def plan(self) -> WorkerPlan | None:

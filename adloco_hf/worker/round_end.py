@@ -4,7 +4,8 @@
 2. One all-gather of every worker's report; `rounds.decide_round` then decides the same on every rank: next
    requests, a merge if one is due, the next round's H, every worker's plan for the next round, a failure after
    too many skipped rounds.
-3. The merge if due, the round's lines (totals, elapsed time), and this worker's plan applied as a whole.
+3. The next round's [`RoundPlan`] applied in one place (`apply`: the merge if due, the table, this worker's plan, H),
+   and the round's lines finished (`rounds.decision.finish_lines`: the merge's traffic, totals, elapsed time).
 4. Rank 0 writes the round's lines to `adloco_rounds.jsonl` and the console.
 """
 
@@ -18,7 +19,9 @@ from ..instances.health import SkippedRoundsError
 from ..instances.merges import MergeResult
 from ..reporting.run_log import RunLog
 from ..rounds.decision import RoundDecision, decide_round
+from ..rounds.lines import finish_lines
 from ..rounds.log_lines import round_message
+from ..rounds.plan import RoundPlan
 from ..rounds.rows import RoundLine, WorkerReport
 from ..rounds.rules import RoundRules
 from ..rounds.state import RoundResult
@@ -78,7 +81,7 @@ class RoundEnd:
         self.rules, self.preemption, self.clock, self.hint = rules, preemption, clock, hint
 
     def run(self, global_step: int) -> RoundResult:
-        """Outer step, decisions from the all-gathered reports, merge if due, the next plan, logs."""
+        """Outer step, decisions from the all-gathered reports, the next round's plan applied, logs."""
         rounds = self.rounds
         where = f"round {rounds.outer_step + 1} (step {global_step})"
         self.monitor.check(where, self.hint)
@@ -95,25 +98,42 @@ class RoundEnd:
             inner_steps=rounds.inner_steps,
             startup=rounds.startup_profile,
         )
-        merge = self._merge_if_due(decision)
-        rounds.instances = decision.instances
-        if merge is not None:
-            self.groups.refresh(rounds.instances)
-        lines = self._lines(decision, reports, global_step)
-        self.follow(decision.plans[self.groups.worker_id])
+        totals = rounds.totals
+        totals.tokens += int(sum(r.tokens for r in reports))
+        ran = global_step - rounds.last_synced_step
+        merge = self.apply(decision.plan)
+        lines = finish_lines(
+            decision.lines,
+            decision.plan,
+            merge,
+            inner_steps=ran,
+            tokens=totals.tokens,
+            elapsed_seconds=rounds.elapsed(),
+        )
+        totals.comm_bytes += sum(line.comm_bytes for line in lines)
+        totals.skipped_rounds += sum(1 for line in lines if line.skipped)
         self.steps.new_round()
         rounds.last_synced_step = global_step
-        self._next_inner_steps(decision.next_inner_steps, lines)
         if self.groups.rank == 0:
             self._log(lines, decision, merge)
         if decision.failure is not None:  # every rank decides it alike, so all of them stop here
             raise SkippedRoundsError(f"{decision.failure} {self.hint()}")
         return RoundResult(lines=lines, merge=merge, preempted=any(r.preempt for r in reports))
 
-    def follow(self, plan) -> None:
-        """This worker's plan for the next round, applied as a whole."""
-        self.rounds.plan = plan
-        self.follower.apply(plan)
+    def apply(self, plan: RoundPlan) -> MergeResult | None:
+        """The one place a round's plan takes effect, at the start of training (`first_plan`) and at every round's
+        end (`decide_round`'s): the merge it carries out, the instance table (and its groups), this worker's plan to
+        its sampler and inner optimizer, and the round's inner steps. Returns what the merge did (None: none)."""
+        rounds = self.rounds
+        merge = None if plan.merge is None else self.merges.at_round_end(plan.merge, rounds)
+        rounds.instances = list(plan.instances)
+        self.groups.refresh(rounds.instances)  # new groups only where the table's workers changed (a cache)
+        rounds.plan = plan.worker(self.groups.worker_id)
+        self.follower.apply(rounds.plan)
+        if plan.inner_steps is not None and plan.inner_steps != rounds.inner_steps:
+            self._log_inner_steps(rounds.inner_steps, plan.inner_steps)
+            rounds.inner_steps = plan.inner_steps
+        return merge
 
     def _report(self, global_step: int) -> WorkerReport:
         """The outer step inside this worker's instance, and the round as this process reports it."""
@@ -144,48 +164,14 @@ class RoundEnd:
             timing=tally.timing,
         )
 
-    def _merge_if_due(self, decision: RoundDecision) -> MergeResult | None:
-        """The decided merge, its traffic and time on the surviving instance's line."""
-        if decision.merge is None:
-            return None
-        merge = self.merges.at_round_end(decision.merge, self.rounds)
-        survivor = decision.lines[merge.plan.survivor]
-        survivor.comm_bytes += merge.bytes
-        survivor.merge_bytes = merge.bytes
-        survivor.merge_seconds = merge.seconds
-        return merge
-
-    def _lines(self, decision: RoundDecision, reports: list[WorkerReport], global_step: int) -> list[RoundLine]:
-        """The round's lines in instance order, completed with the run's totals, which they are added to."""
-        rounds, totals = self.rounds, self.rounds.totals
-        lines = [decision.lines[i] for i in sorted(decision.lines)]
-        for line in lines:
-            line.inner_steps = global_step - rounds.last_synced_step
-        totals.tokens += int(sum(r.tokens for r in reports))
-        totals.comm_bytes += sum(line.comm_bytes for line in lines)
-        totals.skipped_rounds += sum(1 for line in lines if line.skipped)
-        elapsed = rounds.elapsed()
-        for line in lines:
-            line.num_instances, line.total_tokens, line.elapsed_seconds = (
-                len(rounds.instances),
-                totals.tokens,
-                elapsed,
-            )
-        return lines
-
-    def _next_inner_steps(self, next_inner_steps: int | None, lines: list[RoundLine]) -> None:
-        """`inner_steps_rule="outer_noise"`: the next round's H, when the decision changed it."""
-        rounds = self.rounds
-        if next_inner_steps == rounds.inner_steps or next_inner_steps is None:
-            return
+    def _log_inner_steps(self, before: int, after: int) -> None:
+        """`inner_steps_rule="outer_noise"`: rank 0 says when the next round's H changed."""
         if self.groups.rank == 0:
             logger.info(
-                "inner steps per round: %d -> %d (the workers' pseudo-gradients agree: outer noise %s)",
-                rounds.inner_steps,
-                next_inner_steps,
-                ", ".join(f"{line.outer_noise:.3g}" for line in lines if line.outer_noise is not None),
+                "inner steps per round: %d -> %d (the workers' pseudo-gradients agreed in the last round)",
+                before,
+                after,
             )
-        rounds.inner_steps = next_inner_steps
 
     def _log(self, lines: list[RoundLine], decision: RoundDecision, merge: MergeResult | None) -> None:
         """Rank 0: the round's lines in `adloco_rounds.jsonl`, and one console line (WARNING if a round skipped)."""

@@ -12,6 +12,7 @@ import torch
 
 from ..instances.merge_settings import MergeSettings
 from ..outer.settings import OuterSettings
+from ..rounds.rules import RoundSettings
 
 
 __all__ = ["ProfileSettings", "StartSettings", "StepSettings", "WorkerSettings"]
@@ -19,29 +20,42 @@ __all__ = ["ProfileSettings", "StartSettings", "StepSettings", "WorkerSettings"]
 
 @dataclass(frozen=True)
 class StartSettings:
-    """How training starts: the instances, their first weights and requests, the first round, the largest
-    micro-batch."""
+    """How training starts: the instances, their first weights, the largest micro-batch's probe; the first
+    requests, H and the configured micro-batch limit are the round's settings (`rounds`)."""
 
     num_instances: int
     instance_init: str  # "shared" or "independent" initial weights
-    initial_batch_size: int  # a process's first batch (per_device_train_batch_size); the lr scaling's reference
-    inner_steps: int  # H of the first round (inner_steps_rule="outer_noise" grows it)
-    batch_size_cap: int | None  # the configured cap of a request, as the start banner names it
-    # the largest micro-batch: an integer, or None for "auto" (probed when training starts)
-    max_batch_size: int | None
-    memory_fraction: float  # of free GPU memory, for "auto"
+    memory_fraction: float  # of free GPU memory, for max_batch_size="auto"
+    rounds: RoundSettings  # the initial request, H, the cap, switch mode (`rounds/rules.py`, their one reader)
+
+    @property
+    def initial_batch_size(self) -> int:
+        """A process's first batch (`per_device_train_batch_size`); the learning-rate scaling's reference."""
+        return self.rounds.initial_batch_size
+
+    @property
+    def inner_steps(self) -> int:
+        """H of the first round (`inner_steps_rule="outer_noise"` grows it)."""
+        return self.rounds.inner_steps
+
+    @property
+    def batch_size_cap(self) -> int | None:
+        """The configured cap of a request, as the start banner names it."""
+        return self.rounds.batch_size_cap
+
+    @property
+    def max_batch_size(self) -> int | None:
+        """The largest micro-batch: an integer, or None for "auto" (probed when training starts)."""
+        return self.rounds.max_batch_size
 
     @classmethod
-    def from_args(cls, args) -> "StartSettings":
-        """From an `AdLoCoConfig`."""
+    def from_args(cls, args, rounds: RoundSettings) -> "StartSettings":
+        """From an `AdLoCoConfig` and its round settings."""
         return cls(
             num_instances=args.num_instances,
             instance_init=args.instance_init,
-            initial_batch_size=args.per_device_train_batch_size,
-            inner_steps=args.inner_steps,
-            batch_size_cap=args.batch_size_cap,
-            max_batch_size=None if args.max_batch_size == "auto" else int(args.max_batch_size),
             memory_fraction=args.memory_fraction,
+            rounds=rounds,
         )
 
 
@@ -77,7 +91,6 @@ class StepSettings:
     batch_size_test: str  # "none": no statistics are measured
     noise_preconditioner: str  # "adam": statistics in Adam's metric
     lr_batch_scaling: str
-    switch_threshold: float  # γ of switch mode
     # batch_size_target="goodput" measuring on the rounds (goodput_timing other than "startup"): time every step's
     # passes for the throughput model
     time_steps: bool = False
@@ -89,7 +102,6 @@ class StepSettings:
             batch_size_test=args.batch_size_test,
             noise_preconditioner=args.noise_preconditioner,
             lr_batch_scaling=args.lr_batch_scaling,
-            switch_threshold=args.switch_threshold,
             time_steps=args.batch_size_target == "goodput" and args.goodput_timing != "startup",
         )
 
@@ -136,7 +148,7 @@ class WorkerSettings:
             output_dir=args.output_dir,
             seed=args.seed,
             device=args.device,
-            start=StartSettings.from_args(args),
+            start=StartSettings.from_args(args, RoundSettings.from_args(args)),
             profile=ProfileSettings.from_args(args),
             steps=StepSettings.from_args(args),
             outer=(outer := OuterSettings.from_args(args)),

@@ -5,7 +5,7 @@ the inner steps and the plan follower (which refuses an optimizer or scheduler t
 either start afresh (instance table, initial weights, the largest micro-batch) or restore a checkpoint's state
 (`saved_state.py`); with the goodput rule's startup profile, measure it (or read it from the cache) and set every
 instance's first request from it (a resumed run reads it from its checkpoint); the first round's plan is applied
-last, by the worker.
+last, by the worker (`RoundEnd.apply`: the one place a round's plan takes effect, here and at every round's end).
 """
 
 import json
@@ -24,10 +24,11 @@ from ..batch.startup_profile import StartupProfile, profile_sizes
 from ..common.clock import Clock
 from ..common.distributed import WorkerMonitor, check_models_match, is_distributed
 from ..common.logs import get_logger
-from ..instances.table import Instance, initial_instances
+from ..instances.table import Instance, initial_instances, instance_of
 from ..outer.step import GlobalModel
 from ..reporting.run_log import RunLog
 from ..rounds.first_round import FirstRound, first_round
+from ..rounds.plan import RoundPlan, first_plan
 from ..rounds.rules import RoundRules
 from . import saved_state
 from .groups import WorkerGroups
@@ -58,6 +59,7 @@ class RoundParts:
     outer: OuterSync
     merges: WorkerMerges
     round_end: RoundEnd
+    first_plan: RoundPlan  # the first round's plan (of the run, or after a resume), which the worker applies
 
 
 def start_parts(
@@ -85,14 +87,12 @@ def start_parts(
     if resume is None:
         start = settings.start
         g = groups.processes_per_worker
-        rounds.instances = initial_instances(
-            groups.layout.num_workers, start.num_instances, g * start.initial_batch_size
-        )
-        groups.refresh(rounds.instances)
-        replica.initialise_weights(model, rounds.instance_of(groups.worker_id))
+        table = initial_instances(groups.layout.num_workers, start.num_instances, g * start.initial_batch_size)
+        groups.refresh(table)
+        replica.initialise_weights(model, instance_of(table, groups.worker_id))
     else:
-        rounds.instances = [Instance.from_row(row) for row in resume["instances"]]
-        groups.refresh(rounds.instances)
+        table = [Instance.from_row(row) for row in resume["instances"]]
+        groups.refresh(table)
     global_model = GlobalModel.from_settings(
         replica.part(model), settings.outer, device=settings.device, positions=replica.positions(model)
     )
@@ -114,9 +114,9 @@ def start_parts(
             steps=steps,
             seed=settings.seed,
         )
-    g = groups.processes_per_worker
     if settings.profile.enabled and rounds.startup_profile is None and startup_probe is not None:
         profiled = take_startup_profile(
+            table,
             settings,
             groups,
             replica,
@@ -129,6 +129,8 @@ def start_parts(
             startup_probe,
             fresh=resume is None,
         )
+        if profiled is not None:
+            table = profiled.instances
         if groups.rank == 0:
             log_startup_profile(rounds.startup_profile, profiled, run_log, settings.start.initial_batch_size * g)
     merges = WorkerMerges(settings, groups, monitor, outer, replica, training, steps, hint, clock)
@@ -147,10 +149,14 @@ def start_parts(
         clock=clock,
         hint=hint,
     )
-    return RoundParts(training=training, steps=steps, outer=outer, merges=merges, round_end=round_end)
+    first = first_plan(table, rules(), inner_steps=rounds.inner_steps)
+    return RoundParts(
+        training=training, steps=steps, outer=outer, merges=merges, round_end=round_end, first_plan=first
+    )
 
 
 def take_startup_profile(
+    table: list[Instance],
     settings: WorkerSettings,
     groups: WorkerGroups,
     replica: ReplicaParallel,
@@ -164,9 +170,9 @@ def take_startup_profile(
     *,
     fresh: bool,
 ) -> FirstRound | None:
-    """Measure the goodput rule's startup profile (or read it from the cache) into `rounds`, and on a fresh start set
-    every instance's first request from it (collective: every rank). Returns the first round's choices (None on a
-    resume, whose requests are the checkpoint's)."""
+    """Measure the goodput rule's startup profile (or read it from the cache) into `rounds`, and on a fresh start
+    choose every instance's first request in `table` from it (collective: every rank). Returns the first round's
+    table and choices (None on a resume, whose requests are the checkpoint's)."""
     controller, g = rules.controller, groups.processes_per_worker
     top = (
         rules.switch.max_batch_size
@@ -216,9 +222,7 @@ def take_startup_profile(
     rounds.startup_profile = measured.profile
     if not fresh:
         return None
-    first = first_round(rounds.instances, measured.statistics, measured.profile, rules, inner_steps=rounds.inner_steps)
-    rounds.instances = first.instances
-    return first
+    return first_round(table, measured.statistics, measured.profile, rules, inner_steps=rounds.inner_steps)
 
 
 def _model_config(model: torch.nn.Module) -> str:

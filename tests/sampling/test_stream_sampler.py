@@ -9,7 +9,7 @@ from transformers import default_data_collator
 
 from adloco_hf import AdLoCoConfig
 from adloco_hf.data import PackedStream, load_document_stream
-from adloco_hf.rounds.rules import RoundRules
+from adloco_hf.rounds.rules import RoundRules, RoundSettings
 from adloco_hf.sampling.sampler import AdaptiveBatchSampler
 from adloco_hf.sampling.stream_sampler import AdaptiveStreamSampler, adaptive_stream_loader, check_sampler_kind
 
@@ -103,8 +103,28 @@ def test_a_checkpoint_of_the_other_kind_is_refused(stream):
 
 def test_a_stream_caps_batch_requests_by_batch_size_cap_only(tmp_path):
     args = AdLoCoConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=10, inner_steps=5)
-    assert RoundRules.from_args(args, max_batch_size=4, shard_size=None).controller.cap is None
-    assert RoundRules.from_args(args, max_batch_size=4, shard_size=50).controller.cap == 50
+    assert (
+        RoundRules.from_args(
+            args, settings=RoundSettings.from_args(args), max_batch_size=4, shard_size=None
+        ).controller.cap
+        is None
+    )
+    assert (
+        RoundRules.from_args(
+            args, settings=RoundSettings.from_args(args), max_batch_size=4, shard_size=50
+        ).controller.cap
+        == 50
+    )
     capped = types.SimpleNamespace(**{**vars(args), "batch_size_cap": 32})
-    assert RoundRules.from_args(capped, max_batch_size=4, shard_size=None).controller.cap == 32
-    assert RoundRules.from_args(capped, max_batch_size=4, shard_size=20).controller.cap == 20
+    assert (
+        RoundRules.from_args(
+            capped, settings=RoundSettings.from_args(capped), max_batch_size=4, shard_size=None
+        ).controller.cap
+        == 32
+    )
+    assert (
+        RoundRules.from_args(
+            capped, settings=RoundSettings.from_args(capped), max_batch_size=4, shard_size=20
+        ).controller.cap
+        == 20
+    )

@@ -16,7 +16,7 @@ from adloco_hf.instances.table import Instance, plan_merge
 from adloco_hf.rounds.decision import decide_round
 from adloco_hf.rounds.log_lines import run_summary
 from adloco_hf.rounds.rows import WorkerReport
-from adloco_hf.rounds.rules import RoundRules
+from adloco_hf.rounds.rules import RoundRules, RoundSettings
 
 
 def test_consecutive_ranks_form_a_worker():
@@ -236,7 +236,7 @@ def replace_fields(config, **fields):
 
 def test_rules_count_requests_per_worker(tmp_path):
     config = replace_fields(_config(tmp_path, per_device_train_batch_size=3), processes_per_worker=2)
-    rules = RoundRules.from_args(config, max_batch_size=4, shard_size=10)
+    rules = RoundRules.from_args(config, settings=RoundSettings.from_args(config), max_batch_size=4, shard_size=10)
     assert rules.processes_per_worker == 2
     assert rules.controller.cap == 20  # the worker's shard: its two processes' shards
     assert rules.controller.floor == 6  # the initial request, 2 × per_device_train_batch_size

@@ -1,7 +1,7 @@
 """`Worker.rules` is built once and rebuilt only when one of its inputs changes; the replica is chosen once."""
 
 from adloco_hf import AdLoCoConfig, Worker
-from adloco_hf.rounds.rules import RoundRulesCache
+from adloco_hf.rounds.rules import RoundRulesCache, RoundSettings
 from adloco_hf.worker.ddp import DDPReplica
 
 
@@ -24,7 +24,8 @@ def worker(tmp_path, **kwargs) -> Worker:
 
 
 def test_the_rules_are_built_once_and_again_only_when_an_input_changes(tmp_path):
-    cache = RoundRulesCache(config(tmp_path))
+    args = config(tmp_path)
+    cache = RoundRulesCache(args, RoundSettings.from_args(args))
     rules = cache.get(max_batch_size=8, shard_size=100)
     assert rules.switch.max_batch_size == 8 and rules.controller.cap == 100
     assert cache.get(max_batch_size=8, shard_size=100) is rules  # the same object on every read

@@ -14,7 +14,7 @@ from adloco_hf.config.fields import GROUPS
 from adloco_hf.evaluation.view import EvaluationSettings
 from adloco_hf.instances.merges import MergeSettings
 from adloco_hf.outer.settings import OuterSettings
-from adloco_hf.rounds.rules import RoundRules
+from adloco_hf.rounds.rules import RoundRules, RoundSettings
 from adloco_hf.worker.settings import ProfileSettings, StartSettings, StepSettings, WorkerSettings
 
 
@@ -94,6 +94,7 @@ def test_the_settings_are_built_in_one_place_each():
     assert calls == {
         ("worker/core.py", "from_args", "WorkerSettings"),  # Worker.from_args(args), once per run
         ("worker/settings.py", "from_args", "StartSettings"),  # ... holding how training starts
+        ("worker/settings.py", "from_args", "RoundSettings"),  # ... and the round's settings (their one reader)
         ("worker/settings.py", "from_args", "StepSettings"),  # ... the inner steps' settings
         ("worker/settings.py", "from_args", "ProfileSettings"),  # ... the startup profile's
         ("worker/settings.py", "from_args", "OuterSettings"),  # ... and the outer step's
@@ -156,11 +157,18 @@ def test_the_settings_hold_the_configs_values(tmp_path):
         start=StartSettings(
             num_instances=3,
             instance_init="independent",
-            initial_batch_size=6,
-            inner_steps=4,
-            batch_size_cap=60,
-            max_batch_size=7,
             memory_fraction=0.55,
+            rounds=RoundSettings(
+                initial_batch_size=6,
+                batch_size_floor=None,
+                batch_size_cap=60,
+                inner_steps=4,
+                inner_steps_rule="fixed",
+                max_inner_steps=None,
+                outer_noise_theta=args.outer_noise_theta,
+                switch_threshold=3.25,
+                max_batch_size=7,
+            ),
         ),
         profile=ProfileSettings(
             enabled=True,
@@ -173,7 +181,6 @@ def test_the_settings_hold_the_configs_values(tmp_path):
             batch_size_test="augmented_inner_product",
             noise_preconditioner="adam",
             lr_batch_scaling="sqrt_adam",
-            switch_threshold=3.25,
             time_steps=True,
         ),
         outer=OuterSettings(
@@ -234,7 +241,15 @@ def test_each_settings_object_is_built_once_per_run(tmp_path, monkeypatch):
 
         monkeypatch.setattr(cls, "from_args", classmethod(from_args))
 
-    for cls in (WorkerSettings, StartSettings, StepSettings, OuterSettings, EvaluationSettings, RoundRules):
+    for cls in (
+        WorkerSettings,
+        StartSettings,
+        RoundSettings,
+        StepSettings,
+        OuterSettings,
+        EvaluationSettings,
+        RoundRules,
+    ):
         counted(cls)
     args = tiny_run_config(tmp_path, inner_steps=3, eval_strategy="steps", eval_steps=6, outer_lr=0.6)
     data = sequence_dataset(128)
@@ -246,6 +261,7 @@ def test_each_settings_object_is_built_once_per_run(tmp_path, monkeypatch):
     assert {name: len(values) for name, values in built.items()} == {
         "WorkerSettings": 1,
         "StartSettings": 1,
+        "RoundSettings": 1,
         "StepSettings": 1,
         "OuterSettings": 1,
         "EvaluationSettings": 1,
