@@ -1,7 +1,8 @@
 """The module paths of the flat layout before 0.2 (`adloco_hf.batch_size`, `adloco_hf.switch_mode`, ...), still importable.
 
 `import adloco_hf.batch_size` returns the very module `adloco_hf.batch.size_tests` (the same object, so a patch on
-one is a patch on the other). DESIGN.md's contract names two of these paths; the rest are kept for scripts written
+one is a patch on the other); `adloco_hf.worker.ddp` and the other modules of a worker's replica before 0.3 read
+`adloco_hf.worker.replicas`'s. DESIGN.md's contract names two of these paths; the rest are kept for scripts written
 against the old layout. Old paths that are now packages (`adloco_hf.config`, `adloco_hf.worker`, `adloco_hf.trainer`)
 re-export their main class instead.
 """
@@ -44,12 +45,17 @@ OLD_PATHS = {
     "plotting": "reporting.plotting",
     "model_card": "reporting.model_card",
     "hub": "reporting.hub",
-    "worker_fsdp": "worker.fsdp",
+    "worker_fsdp": "worker.replicas.fsdp",
     "initialise": "worker.initialise",
     "preemption": "worker.preemption",
     "predictions": "evaluation.predictions",
     "staged_save": "trainer.staged_save",
     "callback": "trainer.callback",
+    # 0.3: a worker's replica moved into worker/replicas/ (a folder holds at most 15 modules).
+    "worker.replica": "worker.replicas.replica",
+    "worker.ddp": "worker.replicas.ddp",
+    "worker.fsdp": "worker.replicas.fsdp",
+    "common.restart": "config.restart",  # 0.3: the default group of a launch's attempt is formed with the config's
 }
 
 
@@ -66,10 +72,11 @@ class _OldPathLoader(importlib.abc.Loader):
 
 class _OldPathFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
-        package, _, leaf = fullname.rpartition(".")
-        if package != __package__ or leaf not in OLD_PATHS:
+        prefix = f"{__package__}."
+        old = fullname[len(prefix) :] if fullname.startswith(prefix) else None
+        if old not in OLD_PATHS:
             return None
-        return importlib.util.spec_from_loader(fullname, _OldPathLoader(f"{__package__}.{OLD_PATHS[leaf]}"))
+        return importlib.util.spec_from_loader(fullname, _OldPathLoader(f"{prefix}{OLD_PATHS[old]}"))
 
 
 def install() -> None:

@@ -145,6 +145,29 @@ def test_every_folder_is_a_package():
     assert sorted(str(d.relative_to(PACKAGE)) for d in folders if not (d / "__init__.py").exists()) == []
 
 
+MAX_MODULES = 15
+
+
+def test_no_folder_holds_more_than_15_modules():
+    """A folder is one part of the algorithm; past 15 modules it holds two (`__init__.py` aside)."""
+    folders = {f.parent for f in PACKAGE.rglob("*.py")}
+    crowded = {
+        str(d.relative_to(PACKAGE)): n
+        for d in folders
+        if (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > MAX_MODULES
+    }
+    assert crowded == {}
+
+
+@pytest.mark.parametrize("old, new", [("worker.ddp", "worker.replicas.ddp"), ("worker.fsdp", "worker.replicas.fsdp"),
+                                      ("worker.replica", "worker.replicas.replica"), ("worker_fsdp", "worker.replicas.fsdp"),
+                                      ("common.restart", "config.restart")])  # fmt: skip
+def test_a_moved_module_still_imports_by_its_old_path_as_the_same_module(old, new):
+    import importlib
+
+    assert importlib.import_module(f"adloco_hf.{old}") is importlib.import_module(f"adloco_hf.{new}")
+
+
 # ---- recipes/: the recipes and the benchmarks (a tool set: one folder per benchmark over a public toolkit) ----
 REPO = PACKAGE.parent
 RECIPES = REPO / "recipes"

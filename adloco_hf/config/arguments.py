@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import torch
 from transformers import TrainingArguments
 
-from ..common.restart import form_world_for_this_attempt
 from .checks import check_adloco, check_schedule, resolve_batch_size_target
 from .compat import (
     has_distributed_accelerator,
@@ -18,6 +17,7 @@ from .environment import check_environment
 from .field_names import refuse_unknown_fields
 from .fields import BatchFields, InstanceFields, RoundFields, WorkerFields
 from .launch import fit_instances_to_one_worker, warn_about_a_last_round_cut_short, warn_about_one_process_of_several
+from .restart import form_world_for_this_attempt
 from .timeouts import resolve_peer_timeout
 from .types import check_types
 
@@ -335,7 +335,7 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
     def _form_world_for_this_attempt(self) -> None:
         """Under an elastic launcher that shares its store (torchrun, `accelerate launch --max_restarts`), form the
         default group on this restart attempt's own namespace of the store, before accelerate forms it on the shared
-        one where a restarted run reads the dead attempt's addresses (`common/restart.py`); and a CPU world on a store
+        one where a restarted run reads the dead attempt's addresses (`config/restart.py`); and a CPU world on a store
         of its own, with `ddp_timeout`, which transformers leaves out there. The backend is the one accelerate would
         pick; on an accelerator other than CUDA, accelerate forms the group as before."""
         cpu = self.use_cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")

@@ -20,7 +20,7 @@ from ..checkpoint.folders import check_rank_states, load_rank_state
 from ..checkpoint.run_settings import check_run_settings, run_settings
 from ..reporting.earlier_run import warn_about_earlier_run
 from ..worker.checkpoint_view import CheckpointView
-from ..worker.fsdp import load_full_state_dict
+from ..worker.replicas.fsdp import load_full_state_dict
 from .run_end import checkpoint_to_resume, ended_run
 
 

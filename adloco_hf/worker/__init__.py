@@ -11,7 +11,7 @@
 - `start.py`: the parts made (or restored) when training begins; `saved_state.py`: a checkpoint's worker state;
 - `training.py`: what the Trainer hands over (`TrainingObjects`); `initialise.py`: initial weights and the largest
   micro-batch; `preemption.py`: stopping on SIGTERM;
-- `groups.py`: the process groups; `replica.py`: how a worker's processes hold its replica, `ddp.py` or `fsdp.py`.
+- `groups.py`: the process groups; `replicas/`: how a worker's processes hold its replica (`replica.py`), `ddp.py` or `fsdp.py`.
 """
 
 from typing import TYPE_CHECKING

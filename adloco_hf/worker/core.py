@@ -39,12 +39,12 @@ from ..rounds.rules import RoundRules, RoundRulesCache
 from ..rounds.state import AdLoCoState, RoundResult, RunTotals, StepEnd
 from . import saved_state
 from .checkpoint_view import CheckpointView
-from .ddp import DDPReplica
-from .fsdp import FSDPReplica
 from .groups import WorkerGroups
 from .inner_steps import StepPasses
 from .preemption import Preemption
-from .replica import ReplicaParallel
+from .replicas.ddp import DDPReplica
+from .replicas.fsdp import FSDPReplica
+from .replicas.replica import ReplicaParallel
 from .round_state import RoundState
 from .settings import WorkerSettings
 from .start import RoundParts, log_start, start_parts

@@ -21,7 +21,7 @@ from ..common.clock import Clock
 from ..common.inputs import batch_length, split_inputs
 from ..common.rng import set_rng_state
 from ..rounds.tally import RoundTally
-from .replica import ReplicaParallel
+from .replicas.replica import ReplicaParallel
 from .round_state import RoundState
 from .settings import StepSettings
 from .training import TrainingObjects

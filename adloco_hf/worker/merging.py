@@ -19,7 +19,7 @@ from ..instances.table import MergePlan, instance_of
 from .groups import WorkerGroups
 from .inner_steps import InnerSteps
 from .outer_sync import OuterSync
-from .replica import ReplicaParallel
+from .replicas.replica import ReplicaParallel
 from .round_state import RoundState
 from .settings import WorkerSettings
 from .training import TrainingObjects

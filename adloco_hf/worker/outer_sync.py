@@ -8,7 +8,7 @@ from ..instances.table import Instance
 from ..outer.step import GlobalModel, OuterStepResult, ring_all_reduce_bytes
 from ..outer.streaming_diloco import FragmentTally
 from .groups import WorkerGroups
-from .replica import ReplicaParallel
+from .replicas.replica import ReplicaParallel
 from .training import TrainingObjects
 
 

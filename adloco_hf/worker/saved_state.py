@@ -17,7 +17,7 @@ from .groups import WorkerGroups
 from .inner_steps import InnerSteps
 from .outer_sync import OuterSync
 from .plan_follower import PlanFollower
-from .replica import ReplicaParallel
+from .replicas.replica import ReplicaParallel
 from .round_state import RoundState
 from .training import TrainingObjects
 

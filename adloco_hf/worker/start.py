@@ -38,7 +38,7 @@ from .merging import WorkerMerges
 from .outer_sync import OuterSync
 from .plan_follower import PlanFollower
 from .preemption import Preemption
-from .replica import ReplicaParallel
+from .replicas.replica import ReplicaParallel
 from .round_end import RoundEnd
 from .round_state import RoundState
 from .settings import WorkerSettings

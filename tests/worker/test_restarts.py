@@ -3,7 +3,7 @@ with SIGKILL at chosen points of chosen attempts (`scripts/restarts.py`), each a
 `train(resume_from_checkpoint="auto")`, and the run ending by itself with the uninterrupted run's merged model.
 
 Both elastic launchers our users reach for: `accelerate launch --max_restarts` (static rendezvous) and `torchrun
---rdzv-backend c10d --max-restarts`. Both keep one store for every attempt (`adloco_hf/common/restart.py`): without
+--rdzv-backend c10d --max-restarts`. Both keep one store for every attempt (`adloco_hf/config/restart.py`): without
 the attempt's own namespace the first restart fails in gloo's connectFullMesh, dialling the dead attempt's workers.
 """
 

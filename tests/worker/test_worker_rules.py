@@ -2,7 +2,7 @@
 
 from adloco_hf import AdLoCoConfig, Worker
 from adloco_hf.rounds.rules import RoundRulesCache, RoundSettings
-from adloco_hf.worker.ddp import DDPReplica
+from adloco_hf.worker.replicas.ddp import DDPReplica
 
 
 def config(tmp_path, **kwargs) -> AdLoCoConfig:

@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import torch
 
-from ..instances.table import Instance
-from ..outer.step import GlobalModel
-from .groups import WorkerGroups
-from .settings import WorkerSettings
+from ...instances.table import Instance
+from ...outer.step import GlobalModel
+from ..groups import WorkerGroups
+from ..settings import WorkerSettings
 
 
 __all__ = ["ReplicaParallel"]

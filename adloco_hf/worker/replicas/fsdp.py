@@ -15,9 +15,9 @@ all-reduce, merges and the final merge run per local rank on 1/G of the model wi
 
 import torch
 
-from ..common.distributed import broadcast_tensors
-from ..instances.table import Instance
-from ..outer.step import GlobalModel
+from ...common.distributed import broadcast_tensors
+from ...instances.table import Instance
+from ...outer.step import GlobalModel
 from .replica import ReplicaParallel
 
 

@@ -9,9 +9,9 @@ worker's G links carries 1/G of the payload. With G = 1 all of this reduces to a
 import torch
 import torch.distributed as dist
 
-from ..instances.table import Instance
-from ..outer.step import GlobalModel
-from .initialise import initialise_weights
+from ...instances.table import Instance
+from ...outer.step import GlobalModel
+from ..initialise import initialise_weights
 from .replica import ReplicaParallel
 
 

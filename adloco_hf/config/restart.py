@@ -29,7 +29,7 @@ import os
 
 import torch.distributed as dist
 
-from .logs import get_logger
+from ..common.logs import get_logger
 
 
 __all__ = ["attempt_store_prefix", "form_world_for_this_attempt"]
