@@ -1,7 +1,7 @@
 """The module paths of the flat layout before 0.2 (`adloco_hf.batch_size`, `adloco_hf.switch_mode`, ...), still importable.
 
 `import adloco_hf.batch_size` returns the very module `adloco_hf.batch.size_tests` (the same object, so a patch on
-one is a patch on the other); `adloco_hf.worker.ddp` and the other modules of a worker's replica before 0.3 read
+one is a patch on the other); `adloco_hf.worker.ddp` and the other modules of a worker's replica (moved since) read
 `adloco_hf.worker.replicas`'s. DESIGN.md's contract names two of these paths; the rest are kept for scripts written
 against the old layout. Old paths that are now packages (`adloco_hf.config`, `adloco_hf.worker`, `adloco_hf.trainer`)
 re-export their main class instead.
@@ -51,11 +51,11 @@ OLD_PATHS = {
     "predictions": "evaluation.predictions",
     "staged_save": "trainer.staged_save",
     "callback": "trainer.callback",
-    # 0.3: a worker's replica moved into worker/replicas/ (a folder holds at most 15 modules).
+    # Moved since: a worker's replica into worker/replicas/ (a folder holds at most 15 modules).
     "worker.replica": "worker.replicas.replica",
     "worker.ddp": "worker.replicas.ddp",
     "worker.fsdp": "worker.replicas.fsdp",
-    "common.restart": "config.restart",  # 0.3: the default group of a launch's attempt is formed with the config's
+    "common.restart": "config.restart",  # the default group of a launch's attempt, formed by the config
 }
 
 
