@@ -127,7 +127,8 @@ class RoundEnd:
         rounds = self.rounds
         merge = None if plan.merge is None else self.merges.at_round_end(plan.merge, rounds)
         rounds.instances = list(plan.instances)
-        self.groups.refresh(rounds.instances)  # new groups only where the table's workers changed (a cache)
+        if merge is not None:  # only a merge moves workers between instances (the start refreshed the first table)
+            self.groups.refresh(rounds.instances)
         rounds.plan = plan.worker(self.groups.worker_id)
         self.follower.apply(rounds.plan)
         if plan.inner_steps is not None and plan.inner_steps != rounds.inner_steps:

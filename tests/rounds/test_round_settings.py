@@ -2,6 +2,7 @@
 `rounds/rules.py:RoundSettings.from_args`. The start, the round's rules and the training loader read them there."""
 
 import ast
+import dataclasses
 import pathlib
 
 from adloco_hf import AdLoCoConfig
@@ -100,9 +101,7 @@ def test_the_start_and_the_rules_read_the_same_round_settings(tmp_path):
     assert start.rounds == rounds
     assert (start.initial_batch_size, start.inner_steps, start.batch_size_cap, start.max_batch_size) == (3, 4, 40, 7)
     # The rules take their floor, cap, reference, H's rule and switch mode from the settings handed in, not the config.
-    other = RoundSettings(
-        **{**vars(rounds), "initial_batch_size": 2, "batch_size_floor": None, "switch_threshold": 3.0}
-    )
+    other = dataclasses.replace(rounds, initial_batch_size=2, batch_size_floor=None, switch_threshold=3.0)
     rules = RoundRules.from_args(args, max_batch_size=7, shard_size=None, settings=other)
     assert rules.reference_batch_size == 2 and rules.controller.floor == 2 and rules.switch.switch_threshold == 3.0
     assert rules.controller.cap == 40 and rules.max_inner_steps == 16 and rules.inner_steps_rule == "outer_noise"
