@@ -236,7 +236,8 @@ METHODS: dict[str, dict] = {
     # Issue 51's study (run only when named): the batch rule against fixed batches in the same structure, DiLoCo's
     # one instance of 4 workers (the library's default `num_instances=1`), so that the rule is all that differs:
     # the goodput rule from its startup profile (the default `goodput_timing="startup"`), without the profile
-    # (`"live"`: the rounds' timings from the initial request, the rule of issue 39), and with the inner learning
+    # (`"live"`: the rounds' timings from the initial request, the rule of issue 39; `rule_live_lr_held` with the
+    # rate held, the long regime's rule without the profile), and with the inner learning
     # rate held or following Malladi et al.'s whole square-root rule for Adam instead of the square root alone. Each
     # trains 1.25 × the budget: enough to measure a time to the best fixed batch's perplexity up to 1.25 × its own.
     **{
@@ -248,6 +249,7 @@ METHODS: dict[str, dict] = {
         for name, changed in {
             "rule_startup": {"goodput_timing": "startup"},
             "rule_live": {"goodput_timing": "live"},
+            "rule_live_lr_held": {"goodput_timing": "live", "lr_batch_scaling": "none"},
             "rule_startup_lr_held": {"goodput_timing": "startup", "lr_batch_scaling": "none"},
             "rule_startup_sqrt_adam": {"goodput_timing": "startup", "lr_batch_scaling": "sqrt_adam"},
         }.items()
