@@ -134,7 +134,8 @@ def results_read_without_saying(text: str) -> list[str]:
 
 
 def test_every_docs_block_that_reads_another_benchmarks_results_names_it():
-    """docs/wallclock.md's blocks read links' and convergence's results without saying a run of them comes first."""
+    """A block that reads another benchmark's results (goodput_report reads links' and convergence's) says that a run
+    of them comes first."""
     pages = glob.glob(os.path.join(DOCS, "*.md")) + glob.glob(
         os.path.join(REPO, "recipes", "**", "*.md"), recursive=True
     )
@@ -143,7 +144,7 @@ def test_every_docs_block_that_reads_another_benchmarks_results_names_it():
 
 
 def test_the_check_of_blocks_that_read_results_can_fail():
-    block = "```bash\npython -m recipes.benchmarks.wallclock --validate outputs/benchmarks/links/results.json\n```\n"
+    block = "```bash\npython -m recipes.benchmarks.goodput_report --links outputs/benchmarks/links/results.json\n```\n"
     assert results_read_without_saying("Replays a run.\n\n" + block) == ["outputs/benchmarks/links/results.json"]
     assert results_read_without_saying("Needs `recipes.benchmarks.links`' results first.\n\n" + block) == []
     made = "```bash\npython -m x --output_dir outputs/benchmarks/p\npython -m y --profile outputs/benchmarks/p/r.json\n```"

@@ -174,7 +174,7 @@ def parse_or_fail(parser: argparse.ArgumentParser, args: list[str], command: Com
 
 
 def recipe_module(name: str):
-    """The module whose parser a recipe uses: `recipes.benchmarks.wallclock` runs its package's `__main__`."""
+    """The module whose parser a recipe uses: `recipes.benchmarks.links` runs its package's `__main__`."""
     module = importlib.import_module(name)
     if not hasattr(module, "parse_args") and hasattr(module, "__path__"):
         module = importlib.import_module(f"{name}.__main__")
@@ -239,7 +239,11 @@ def test_the_docs_commands_are_found():
     must not pass the tests below by having nothing to check."""
     scripts = {run.module for run in RUNS}
     assert {"recipes.pretrain_c4", "recipes.finetune_clm", "recipes.plot_run"} <= scripts, scripts
-    assert {"recipes.benchmarks.convergence", "recipes.benchmarks.links", "recipes.benchmarks.wallclock"} <= scripts
+    assert {
+        "recipes.benchmarks.convergence",
+        "recipes.benchmarks.links",
+        "recipes.benchmarks.goodput_report",
+    } <= scripts
     assert {"python", "accelerate"} <= {run.launcher for run in RUNS}
     assert len(RUNS) >= 25, [str(run.command) for run in RUNS]
     readme = [run for run in RUNS if run.command.path.endswith("README.md")]

@@ -20,9 +20,8 @@ mean ± the sample standard deviation over seeds (one `links` run per seed: `--s
 
 Outputs: `results.json`, `table.md` and `goodput.png` (each seed's ratios against the targets) in `--output_dir`.
 
-The modules: `figures.py` (the ratios from `links`' and `convergence`'s results), `replay.py` (convergence's runs
-replayed over modelled links with `wallclock`'s model), `report.py` (rows, targets, the paired ratios, the plot),
-`cli.py`.
+The modules: `figures.py` (the ratios from `links`' and `convergence`'s results), `report.py` (rows, targets, the
+paired ratios, the plot), `cli.py`.
 """
 
 from recipes.benchmarks.goodput_report.cli import main, parse_args

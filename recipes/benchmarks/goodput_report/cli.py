@@ -6,7 +6,6 @@ import json
 import os
 
 from recipes.benchmarks.goodput_report.figures import GOODPUT, NORM, VARIANTS
-from recipes.benchmarks.goodput_report.replay import profile_from_args, replay_figures, replay_report
 from recipes.benchmarks.goodput_report.report import method_figures, paired_report, paired_vs_norm, plot
 from recipes.benchmarks.toolkit.results import write_json, write_report
 
@@ -21,18 +20,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--links", nargs="*", default=[], help="links results.json, one per seed")
     parser.add_argument("--convergence", default=None, help="convergence results.json")
     parser.add_argument("--output_dir", default="outputs/benchmarks/goodput")
-    parser.add_argument(
-        "--replay_bandwidths",
-        type=float,
-        nargs="*",
-        default=[],
-        help="bits/s: replay --convergence's runs over these links with the wall-clock model (no links run)",
-    )
-    parser.add_argument(
-        "--step_seconds", help="--replay_bandwidths: forward/backward seconds per micro-batch: '4=0.06'"
-    )
-    parser.add_argument("--optimizer_seconds", type=float, default=0.0, help="--replay_bandwidths: per inner step")
-    parser.add_argument("--outer_seconds", type=float, default=0.0, help="--replay_bandwidths: per round")
     return parser.parse_args(argv)
 
 
@@ -55,11 +42,6 @@ def main(argv: list[str] | None = None) -> dict:
         if not ran:
             continue
         figures = method_figures(method, links_results, convergence_results)
-        if args.replay_bandwidths and convergence_results is not None:
-            figures["replay"] = replay_figures(
-                convergence_results, profile_from_args(args), args.replay_bandwidths, method
-            )
-            figures["report"] += "\n\n" + replay_report(figures["replay"])
         out[method] = figures
         sections.append(f"### {method}\n\n" + figures["report"])
     if GOODPUT in out and NORM in out:

@@ -25,8 +25,8 @@ Reported (`results.json`, and a table):
 - `step_profile` (optional, `--step_profile 1 2 4 8 16`): seconds of one forward/backward of b sequences per
   micro-batch size b, of one optimizer step (gradient clipping, AdamW, zero_grad) and of an outer step's local work,
   measured in a bare loop (no Trainer) by `--step_profile_processes` concurrent processes (the median over them), so
-  that 4 workers sharing 2 cores can be measured under the same contention. `recipes.benchmarks.wallclock` reads it as its device
-  profile.
+  that 4 workers sharing 2 cores can be measured under the same contention. `device_profile --step_profile` makes
+  it the virtual clock's device profile.
 
     python -m recipes.benchmarks.overhead --quick          # from the repository root; < 5 minutes on 2 CPU cores
     python -m recipes.benchmarks.overhead                  # more repeats and rounds

@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         default=None,
         metavar="B",
-        help="Also measure the step profile (wallclock's device profile) at these micro-batch sizes.",
+        help="Also measure the step profile (the virtual clock's device profile) at these micro-batch sizes.",
     )
     parser.add_argument("--step_profile_processes", type=int, default=1, help="Concurrent processes measuring it.")
     parser.add_argument("--step_profile_repeats", type=int, default=10)

@@ -1,4 +1,4 @@
-"""The device profile `recipes.benchmarks.wallclock` replays runs with: seconds of one forward/backward per
+"""The step profile behind the virtual clock's CPU device profile (`device_profile --step_profile`): seconds of one forward/backward per
 micro-batch size, of an optimizer step and of an outer step's local work, measured in a bare loop (no Trainer) by
 several concurrent processes, so that workers sharing cores are measured under the same contention."""
 
@@ -91,7 +91,7 @@ def profile_process(job: dict) -> dict:
 def measure_step_profile(
     settings: dict, vocab_size: int, sizes: list[int], processes: int, repeats: int, trainer_batch: int | None = None
 ) -> dict:
-    """The device profile `recipes.benchmarks.wallclock` replays runs with, from `processes` concurrent processes (median over them).
+    """The step profile (the virtual clock's CPU device profile), from `processes` concurrent processes (median over them).
 
     Each process runs `settings["threads"]` torch threads; the processes start together and interleave the sizes, so
     they contend for the cores as the workers of one launch do. With `trainer_batch` (one of `sizes`), each process

@@ -1,15 +1,8 @@
-"""Devices and links: a device profile (step time by micro-batch size) and the time of every message pattern the
-library sends (point-to-point transfers, ring all-reduces, broadcasts, small control collectives, merges)."""
+"""Devices and links: a device profile (step time by micro-batch size) and the time of the message patterns the
+virtual clock prices (ring all-reduces, small control collectives)."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-
-from adloco_hf.inspection import OUTER_BUCKET_NUMEL as OUTER_BUCKET_NUMEL  # the outer all-reduce's bucket (elements)
-from adloco_hf.inspection import MergePlan, plan_transfers
-
-
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb
-DDP_FIRST_BUCKET_BYTES = 2**20  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
 
 
 @dataclass(frozen=True)
@@ -118,11 +111,6 @@ class DeviceProfile:
         }
 
 
-def transfer_seconds(nbytes: float, link: Link) -> float:
-    """One point-to-point message: latency + bytes / bandwidth."""
-    return link.latency_seconds + link.seconds(nbytes)
-
-
 def _buckets(payload_bytes: float, bucket_bytes: float | None, first_bucket_bytes: float | None = None) -> list:
     if payload_bytes <= 0:
         return []
@@ -154,60 +142,6 @@ def ring_all_reduce_seconds(
     )
 
 
-def broadcast_seconds(nbytes: float, workers: int, link: Link, algorithm: str = "one_to_all") -> float:
-    """`nbytes` from one rank to the `workers` − 1 others: over the root's link one copy after the other
-    (`one_to_all`, gloo), or pipelined along a chain (`pipelined`, NCCL: bytes once, plus a latency per hop)."""
-    if workers <= 1 or nbytes <= 0:
-        return 0.0
-    if algorithm == "one_to_all":
-        return link.latency_seconds + (workers - 1) * link.seconds(nbytes)
-    if algorithm == "pipelined":
-        return (workers - 1) * link.latency_seconds + link.seconds(nbytes)
-    raise ValueError(f"unknown broadcast algorithm {algorithm!r}")
-
-
 def control_seconds(workers: int, link: Link, collectives: int = 2) -> float:
     """Small collectives over all workers (a barrier, an all-gather of a few numbers): (W − 1) latencies each."""
     return collectives * max(workers - 1, 0) * link.latency_seconds
-
-
-def sequential_messages_seconds(messages: Sequence[tuple[int, int, Sequence[float]]], link: Link) -> float:
-    """Blocking point-to-point messages `(src, dst, [tensor bytes, ...])`, every rank taking its part in this order.
-
-    A message starts once both its ends are free and keeps both busy until its last tensor has arrived (one latency
-    per tensor); messages between disjoint ranks overlap. Returns the time until the last one ends.
-    """
-    free: dict[int, float] = {}
-    end = 0.0
-    for src, dst, tensors in messages:
-        start = max(free.get(src, 0.0), free.get(dst, 0.0))
-        finish = start + sum(transfer_seconds(b, link) for b in tensors)
-        free[src] = free[dst] = finish
-        end = max(end, finish)
-    return end
-
-
-def merge_messages(
-    plan: MergePlan, *, numel: int, with_momentum: bool, inner_state_bytes: float, save: bool = False
-) -> list[tuple[str, int, int, list[float]]]:
-    """The messages of a merge as `merging.execute_merge` sends them: `(kind, src, dst, [tensor bytes])`.
-
-    `merge_input` and `global`: φ (fp32) and, with outer momentum, the momentum (fp32), two sends; `inner`: the inner
-    optimizer's state dict (its length, then its bytes); `save`: the merged φ to the writing rank.
-    """
-    phi = 4.0 * numel
-    out = []
-    for t in plan_transfers(plan, writer_rank=0, save=save):
-        if t.kind in ("merge_input", "global"):
-            tensors = [phi, phi] if with_momentum else [phi]
-        elif t.kind == "inner":
-            tensors = [8.0, inner_state_bytes]
-        else:
-            tensors = [phi]
-        out.append((t.kind, t.src, t.dst, tensors))
-    return out
-
-
-def mbit(bits: float) -> str:
-    """A bandwidth in bits/s as `100 Mbit/s` or `10 Gbit/s`."""
-    return f"{bits / 1e6:g} Mbit/s" if bits < 1e9 else f"{bits / 1e9:g} Gbit/s"

@@ -10,7 +10,7 @@ import socket
 import pytest
 from helpers import REPO
 
-from recipes.benchmarks.toolkit import results, settings, stats, traffic
+from recipes.benchmarks.toolkit import link_model, results, settings, stats, traffic
 
 
 BENCHMARKS = os.path.join(REPO, "recipes", "benchmarks")
@@ -179,3 +179,22 @@ def test_the_loader_processes_figure_is_drawn_from_its_results_file(tmp_path):
     loader_processes(["--out", str(results_file), "--plot_only"])
     figure = tmp_path / "loader.png"
     assert figure.exists() and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ring_all_reduce_time_by_hand():
+    # 1 MB over 4 workers at 1 MB/s, 10 ms latency: 2 (4 − 1) = 6 steps of 10 ms + 250 kB / (1 MB/s).
+    link = link_model.Link(bandwidth_bits_per_second=8e6, latency_seconds=0.01)
+    assert link_model.ring_all_reduce_seconds(1e6, 4, link) == pytest.approx(6 * (0.01 + 0.25))
+    # Two buckets: the latency is paid per bucket, the bytes once.
+    assert link_model.ring_all_reduce_seconds(1e6, 4, link, bucket_bytes=5e5) == pytest.approx(12 * 0.01 + 6 * 0.25)
+    assert link_model.ring_all_reduce_seconds(1e6, 1, link) == 0.0
+    # The payload share of the wire rate slows the bytes, not the latency.
+    slow = link_model.Link(8e6, 0.01, efficiency=0.5)
+    assert link_model.ring_all_reduce_seconds(1e6, 4, slow) == pytest.approx(6 * (0.01 + 0.5))
+    assert link_model.control_seconds(4, link) == pytest.approx(2 * 3 * 0.01)
+
+
+def test_device_profile_interpolates_between_and_beyond_its_points():
+    profile = link_model.DeviceProfile({1: 0.2, 4: 0.5, 8: 0.9}, optimizer_seconds=0.05, step_overhead_seconds=0.01)
+    assert profile.forward_backward_seconds(6) == pytest.approx(0.7)
+    assert profile.forward_backward_seconds(12) == pytest.approx(1.3)  # linear beyond the last point
