@@ -4,5 +4,4 @@
 
     python -m recipes.benchmarks.convergence --quick
     python -m recipes.benchmarks.overhead --quick
-    python -m recipes.benchmarks.distributed_costs
 """

@@ -20,8 +20,8 @@ def test_launch_command_runs_a_script_or_a_module_on_n_cpu_workers():
     assert "--multi_gpu" in command and "--cpu" not in command  # DESIGN §6: --cpu alone runs one process
     assert command[-3:] == ["worker.py", "spec.json", "--flag"]
     assert "--module" not in command
-    module = launch_command("recipes.benchmarks.distributed_costs", "--worker", "{}", num_processes=2, module=True)
-    assert module[-4:] == ["--module", "recipes.benchmarks.distributed_costs", "--worker", "{}"]
+    module = launch_command("recipes.benchmarks.toolkit.worker", "--worker", "{}", num_processes=2, module=True)
+    assert module[-4:] == ["--module", "recipes.benchmarks.toolkit.worker", "--worker", "{}"]
     assert 0 < int(module[module.index("--main_process_port") + 1]) < 65536
     assert 0 < free_port() < 65536
     with pytest.raises(ValueError):
