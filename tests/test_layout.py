@@ -320,7 +320,7 @@ def test_the_toolkit_imports_no_benchmark(recipe_graph):
 
 
 def test_a_benchmark_reads_another_only_through_its_package(recipe_graph):
-    """A benchmark may use another's public names (netfaults watches its workers with fault_soak's `Progress`) as that
+    """A benchmark may use another's public names (device_profile names gpu_bench's launch logs by its `LAUNCHES_SUFFIX`) as that
     package exports them, never its modules; the recipes' scripts import no benchmark."""
     wrong = []
     for module, deps in recipe_graph.items():

@@ -1,12 +1,12 @@
 """docs/faults.md quotes the netfaults benchmark's results file: its table is `doc_section` of
-docs/results/netfaults.json, as `python -m recipes.benchmarks.netfaults --report_only --doc docs/faults.md` writes it."""
+docs/results/netfaults.json, as `python -m recipes.benchmarks.faults network --report_only --doc docs/faults.md` writes it."""
 
 import json
 import os
 
 from helpers import REPO
 
-from recipes.benchmarks.netfaults import DOC_BEGIN, DOC_END, doc_section
+from recipes.benchmarks.faults.network import DOC_BEGIN, DOC_END, doc_section
 
 
 def test_the_faults_page_table_is_the_results_file():

@@ -8,7 +8,7 @@ worker `rank` kills itself with SIGKILL (no handler runs, nothing is flushed) at
 - "merge": on entering the merge at the end of the round ending at `step`;
 - "final_merge": on entering the final merge (`step` is ignored).
 With the spec's `"progress": true` every rank appends its attempts' starts (the step each resumed from) and steps,
-with the wall time, to `progress-rank{R}.jsonl` (`ProgressRecorder`; read by `recipes/benchmarks/fault_soak/progress.py`'s
+with the wall time, to `progress-rank{R}.jsonl` (`ProgressRecorder`; read by `recipes/benchmarks/faults/progress.py`'s
 `Progress`): how much work each kill cost, and where each worker stopped. With `"phases": true` it also appends, to
 `phases-rank{R}.jsonl`, when each round's outer step and each merge begin and end (`record_phases`): the
 `netfaults` benchmark cuts a link in the middle of one.

@@ -24,7 +24,7 @@ from helpers import (
 )
 
 from adloco_hf.testing import launch_command
-from recipes.benchmarks.fault_soak import Progress
+from recipes.benchmarks.faults.progress import Progress
 
 
 pytestmark = pytest.mark.multiprocess

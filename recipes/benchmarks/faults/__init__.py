@@ -1,21 +1,23 @@
-"""Fault injection: what each failure does to a real 2-worker AdLoCo run, and whether resuming gives the same model.
+"""Faults: what each failure does to a real AdLoCo run, and whether the run comes back to the model it would have
+made. One benchmark, three families, each its own subpackage, table and files:
 
-Every scenario launches real CPU workers (`accelerate launch --multi_gpu`, gloo) running the test suite's fault-
-injecting worker (`tests/scripts/adloco_worker.py`: a tiny Llama with attention dropout, 2 instances that merge,
-growing batches, per-worker learning rates), breaks something, then resumes where the library says to, and compares
-the final merged model with an uninterrupted run's. Prints one table and writes `faults.json` and `faults.png`.
+- `process/`: a 2-worker run broken in 13 ways (kill -9 of one or every worker, inside a save, SIGTERMs, a changed
+  setting, damaged checkpoints, a hung save, a full disk, a NaN worker), resumed where the library says to;
+  `faults.json`, `faults.png`.
+- `soak/`: 4 workers under `accelerate launch --max_restarts`, a random worker SIGKILLed from outside every few
+  minutes, the launcher left to restart them; `fault_soak.json`, `fault_soak.png`.
+- `network/`: 4 machines on the links testbed (root), their links cut, flapping, slowed and split under the elastic
+  launchers; `netfaults.json`, `netfaults.png` and docs/faults.md's table.
 
-    python -m recipes.benchmarks.faults                       # every scenario (~10 min on 2 cores)
-    python -m recipes.benchmarks.faults --scenarios sigterm_round_end,kill_all --output_dir outputs/faults
+    python -m recipes.benchmarks.faults process --scenarios sigterm_round_end,kill_all
+    python -m recipes.benchmarks.faults soak --minutes 1 --kill_every 20 --kills 2 --output_dir outputs/fault_soak_smoke
+    sudo .venv/bin/python -m recipes.benchmarks.faults network --doc docs/faults.md
 
-Columns: the outcome (what the user sees), the work lost (inner steps every worker has to train again after the
-resume) and whether the resumed run ends with the uninterrupted run's merged model (max difference ≤ 1e-6).
-
-The modules: `scenarios.py` (the launches, the scenarios, what the user reads), `cli.py` (the table, the plot).
+Every family launches the same worker (`worker.py`: the test suite's fault-injecting `tests/scripts/adloco_worker.py`)
+and the soak and network families watch it through the same progress files (`progress.py`).
 """
 
-from recipes.benchmarks.faults.cli import main, parse_args
-from recipes.benchmarks.faults.scenarios import SCENARIOS, Outcome
+from recipes.benchmarks.faults.cli import FAMILIES, main, parse_args
 
 
-__all__ = ["SCENARIOS", "Outcome", "main", "parse_args"]
+__all__ = ["FAMILIES", "main", "parse_args"]

@@ -1,5 +1,5 @@
-"""`recipes/benchmarks/fault_soak/`: its reading of the workers' progress files (in `make test`), and one soak end to
-end at a tiny size (`make test-slow`: 4 real workers under `accelerate launch --max_restarts`, 2 SIGKILLs from
+"""`faults soak` (`recipes/benchmarks/faults/soak/`): its reading of the workers' progress files (in `make test`),
+and one soak end to end at a tiny size (`make test-slow`: 4 real workers under `accelerate launch --max_restarts`, 2 SIGKILLs from
 outside, and the uninterrupted run; 60-180 s on 2 cores, four launches of which three are restarts)."""
 
 import json
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from recipes.benchmarks import fault_soak
+from recipes.benchmarks.faults import soak as fault_soak
 
 
 def write_progress(probe, rank: int, lines: list) -> None:
@@ -22,7 +22,7 @@ def test_progress_is_read_as_it_grows_and_each_kill_is_measured(tmp_path):
     write_progress(tmp_path, 1, [{"attempt": 0, "started_at_step": 0, "pid": 2, "time": 100.0}])
     write_progress(tmp_path, 1, [{"attempt": 0, "step": s, "time": 100.5 + s} for s in (1, 2, 3, 4)])
     write_progress(tmp_path, 1, ['{"attempt": 1, "started_at'])  # a line still being written: left for later
-    progress = fault_soak.Progress(str(tmp_path))
+    progress = fault_soak.Progress(str(tmp_path), 4)
     progress.read()
     assert progress.attempt() == 0 and progress.reached(0) == 4 and progress.first_step_time(0) == 101.0
     write_progress(tmp_path, 1, ['_step": 2, "pid": 4, "time": 120.0}\n'])  # ...and finished

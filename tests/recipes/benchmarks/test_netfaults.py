@@ -1,15 +1,15 @@
-"""`netfaults` (`recipes/benchmarks/netfaults/`, `toolkit/link_faults.py`): the scenarios, the links' commands and
-their undo on every exit, when each action takes effect, the figures of a run, the targets and the table (pure: no
-namespace is made here; `test_netfaults_end_to_end.py` runs one scenario on the testbed)."""
+"""`faults network` (`recipes/benchmarks/faults/network/`, `toolkit/link_faults.py`): the scenarios, the links'
+commands and their undo on every exit, when each action takes effect, the figures of a run, the targets and the table
+(pure: no namespace is made here; `test_netfaults_end_to_end.py` runs one scenario on the testbed)."""
 
 import json
 
 import pytest
 
-from recipes.benchmarks import netfaults
-from recipes.benchmarks.fault_soak import Progress
-from recipes.benchmarks.netfaults.driver import event_time, worker_spec
-from recipes.benchmarks.netfaults.phases import Phases
+from recipes.benchmarks.faults import network as netfaults
+from recipes.benchmarks.faults.network.driver import event_time, worker_spec
+from recipes.benchmarks.faults.network.phases import Phases
+from recipes.benchmarks.faults.progress import Progress
 from recipes.benchmarks.toolkit.link_faults import (
     LinkFaults,
     cut_command,
@@ -180,7 +180,9 @@ def test_unknown_scenarios_are_refused_and_no_root_skips(monkeypatch, capsys, tm
     with pytest.raises(SystemExit):
         netfaults.parse_args(["--scenarios", "partition,no_such_fault"])
     assert "unknown scenario(s) ['no_such_fault']" in capsys.readouterr().err
-    monkeypatch.setattr("recipes.benchmarks.netfaults.cli.unavailable_reason", lambda: "network namespaces need root")
+    monkeypatch.setattr(
+        "recipes.benchmarks.faults.network.cli.unavailable_reason", lambda: "network namespaces need root"
+    )
     assert netfaults.main(["--scenarios", "partition", "--output_dir", str(tmp_path)]) is None
     assert "skipped: network namespaces need root" in capsys.readouterr().out
 
@@ -202,7 +204,7 @@ def test_the_docs_section_is_written_between_its_markers_from_the_report_alone(t
 
 
 def test_machine_0_hosts_the_torchrun_rendezvous_and_every_machine_runs_in_its_namespace():
-    from recipes.benchmarks.netfaults.launch import machine_command
+    from recipes.benchmarks.faults.network.launch import machine_command
 
     first = machine_command(PLAN, 0, "torchrun", "{}", 29500, "run")
     other = machine_command(PLAN, 2, "torchrun", "{}", 29500, "run")
@@ -221,7 +223,7 @@ def test_machine_0_hosts_the_torchrun_rendezvous_and_every_machine_runs_in_its_n
 
 
 def test_the_defaults_scenarios_run_the_librarys_default_timeouts_and_share_the_reference_run():
-    from recipes.benchmarks.netfaults.cli import run_timeouts
+    from recipes.benchmarks.faults.network.cli import run_timeouts
 
     table = netfaults.scenarios(30.0)
     defaults = [s for name, s in table.items() if name.endswith("_defaults")]

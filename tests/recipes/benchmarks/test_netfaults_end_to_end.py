@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from adloco_hf.testing import free_port, run_workers
-from recipes.benchmarks import netfaults
-from recipes.benchmarks.netfaults.launch import machine_env, torchrun_command
+from recipes.benchmarks.faults import network as netfaults
+from recipes.benchmarks.faults.network.launch import machine_env, torchrun_command
 from recipes.benchmarks.toolkit import testbed
 from recipes.benchmarks.toolkit.paths import REPO
 from recipes.benchmarks.toolkit.testbed import LinkPlan, unavailable_reason

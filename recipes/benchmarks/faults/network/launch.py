@@ -15,15 +15,15 @@ import sys
 import threading
 import time
 
-from adloco_hf.testing import launch_command, run_workers
-from recipes.benchmarks.toolkit.paths import OFFLINE, REPO
+from adloco_hf.testing import launch_command
+from recipes.benchmarks.faults.worker import WORKER, run_launch
+from recipes.benchmarks.toolkit.paths import OFFLINE
 from recipes.benchmarks.toolkit.testbed import LinkPlan, kill_namespace_processes
 
 
 __all__ = [
     "MAX_RESTARTS",
     "POLL_SECONDS",
-    "WORKER",
     "LogLines",
     "Machines",
     "machine_command",
@@ -31,7 +31,6 @@ __all__ = [
     "torchrun_command",
 ]
 
-WORKER = os.path.join(REPO, "tests", "scripts", "adloco_worker.py")
 MAX_RESTARTS = 3
 POLL_SECONDS = 0.2
 # torchrun's c10d rendezvous: how long a restart waits for late machines once the minimum has joined, and how long a
@@ -110,7 +109,7 @@ class LogLines:
 
 
 class Machines:
-    """The machines of one run, each launch in a thread (`run_workers`: its process group is killed at `timeout`)."""
+    """The machines of one run, each launch in a thread (`run_launch`: its process group is killed at `timeout`)."""
 
     def __init__(self, plan: LinkPlan, launcher: str, spec: dict, folder: str, timeout: float, run_id: str):
         from adloco_hf.testing import free_port
@@ -130,12 +129,8 @@ class Machines:
             self.threads.append(thread)
 
     def _run(self, k: int, command: list[str], env: dict, timeout: float) -> None:
-        tests = os.path.join(REPO, "tests")
         try:
-            result = run_workers(
-                command, timeout=timeout, env=env, cwd=REPO, pythonpath=[REPO, tests], threads=1,
-                log_path=self.logs.paths[k], check=False,
-            )  # fmt: skip
+            result = run_launch(command, timeout=timeout, env=env, log_path=self.logs.paths[k], check=False)
             self.codes[k] = result.returncode
         except BaseException:
             self.codes[k] = -1

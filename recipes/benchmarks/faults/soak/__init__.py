@@ -8,8 +8,8 @@ training; the launcher restarts all 4 and the run goes on by itself. An uninterr
 first, for the comparison. Prints one table and writes `fault_soak.json` and `fault_soak.png` (step against wall
 time of both runs, the kills marked).
 
-    python -m recipes.benchmarks.fault_soak                   # ~15 min of training, a kill every ~3 min (~40 min)
-    python -m recipes.benchmarks.fault_soak --minutes 1 --kill_every 20 --kills 2 --output_dir outputs/fault_soak_smoke
+    python -m recipes.benchmarks.faults soak                   # ~15 min of training, a kill every ~3 min (~40 min)
+    python -m recipes.benchmarks.faults soak --minutes 1 --kill_every 20 --kills 2 --output_dir outputs/fault_soak_smoke
 
 Per kill: the step the killed attempt had reached (the furthest worker), the step the next attempt resumed from, the
 steps redone (their difference: at most one checkpoint interval), and the seconds from the kill to the first step
@@ -21,10 +21,10 @@ The modules: `config.py` (the run's config and size), `progress.py` (the workers
 launch watched from outside, the kills), `report.py` (each kill measured, the summary, the plot), `cli.py`.
 """
 
-from recipes.benchmarks.fault_soak.cli import main, parse_args
-from recipes.benchmarks.fault_soak.config import run_config, steps_for
-from recipes.benchmarks.fault_soak.progress import Progress, thin_timeline
-from recipes.benchmarks.fault_soak.report import measure_kills
+from recipes.benchmarks.faults.progress import Progress, thin_timeline
+from recipes.benchmarks.faults.soak.cli import main, parse_args
+from recipes.benchmarks.faults.soak.config import run_config, steps_for
+from recipes.benchmarks.faults.soak.report import measure_kills
 
 
 __all__ = ["Progress", "main", "measure_kills", "parse_args", "run_config", "steps_for", "thin_timeline"]

@@ -6,10 +6,10 @@ import shutil
 import time
 from dataclasses import dataclass, field
 
-from recipes.benchmarks.fault_soak import Progress
-from recipes.benchmarks.netfaults.launch import POLL_SECONDS, Machines
-from recipes.benchmarks.netfaults.phases import Phases
-from recipes.benchmarks.netfaults.scenarios import Action, Scenario
+from recipes.benchmarks.faults.network.launch import POLL_SECONDS, Machines
+from recipes.benchmarks.faults.network.phases import Phases
+from recipes.benchmarks.faults.network.scenarios import Action, Scenario
+from recipes.benchmarks.faults.progress import Progress
 from recipes.benchmarks.toolkit.link_faults import FaultEvent, LinkFaults
 from recipes.benchmarks.toolkit.testbed import Testbed
 
@@ -131,7 +131,7 @@ def _apply(faults: LinkFaults, action: Action) -> FaultEvent:
         return faults.heal()
     rate, _, _ = faults.testbed.rate
     if action.kind == "slow":
-        from recipes.benchmarks.netfaults.scenarios import SLOW_FACTOR
+        from recipes.benchmarks.faults.network.scenarios import SLOW_FACTOR
 
         return faults.slow(k, rate // SLOW_FACTOR)
     return faults.unslow(k)

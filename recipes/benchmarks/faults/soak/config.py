@@ -1,23 +1,16 @@
 """The soak's run: 4 workers of the test suite's worker, its config and model, and how many steps make its minutes."""
 
-import os
-
-from recipes.benchmarks.toolkit.paths import REPO
-
-
 __all__ = [
     "CONFIG",
     "MODEL",
     "START_SECONDS",
     "STEP_SECONDS",
-    "WORKER",
     "WORLD_SIZE",
     "run_config",
     "spec",
     "steps_for",
 ]
 
-WORKER = os.path.join(REPO, "tests", "scripts", "adloco_worker.py")
 WORLD_SIZE = 4
 CONFIG = dict(
     inner_steps=10, save_steps=50, save_total_limit=3, num_instances=2, per_device_train_batch_size=2,

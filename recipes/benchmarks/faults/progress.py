@@ -1,6 +1,5 @@
 """The workers' progress files read as they grow: where each attempt resumed from and every step's time."""
 
-from recipes.benchmarks.fault_soak.config import WORLD_SIZE
 from recipes.benchmarks.toolkit.rank_files import RankFiles
 
 
@@ -11,7 +10,7 @@ class Progress:
     """The workers' `progress-rank{R}.jsonl` (`tests/scripts/restarts.py`'s ProgressRecorder), read as they grow:
     `starts[attempt][rank]` = the step it resumed from; `steps[attempt][rank]` = [(step, time)]."""
 
-    def __init__(self, probe: str, world_size: int = WORLD_SIZE):
+    def __init__(self, probe: str, world_size: int):
         self.probe, self.world_size = probe, world_size
         self.files = RankFiles(probe, "progress", world_size)
         self.starts: dict[int, dict[int, int]] = {}

@@ -9,14 +9,13 @@ from dataclasses import dataclass
 
 import torch
 
-from adloco_hf.testing import launch_command, run_workers
-from recipes.benchmarks.toolkit.paths import REPO
+from adloco_hf.testing import launch_command
+from recipes.benchmarks.faults.worker import WORKER, run_launch
 from recipes.benchmarks.toolkit.resumed_runs import merged_weights
 
 
-__all__ = ["CONFIG", "SCENARIOS", "WORKER", "Bench", "Outcome", "checkpoints", "first_line", "launch", "says"]
+__all__ = ["CONFIG", "SCENARIOS", "Bench", "Outcome", "checkpoints", "first_line", "launch", "says"]
 
-WORKER = os.path.join(REPO, "tests", "scripts", "adloco_worker.py")
 CONFIG = dict(
     max_steps=30, inner_steps=5, save_steps=10, num_instances=2, merge_every=4, per_device_train_batch_size=2,
     max_batch_size=4, eta=0.5, seed=3, optim="adamw_torch", learning_rate=3e-3, lr_batch_scaling="sqrt",
@@ -46,8 +45,7 @@ def launch(out: str, probe: str, *, config: dict | None = None, timeout: int = 3
         **extra,
     }
     command = launch_command(WORKER, json.dumps(spec), num_processes=2)
-    tests = os.path.join(REPO, "tests")
-    result = run_workers(command, timeout=timeout, cwd=REPO, pythonpath=[REPO, tests], threads=1, check=False)
+    result = run_launch(command, timeout=timeout, check=False)
     return result.returncode == 0, result.stdout + result.stderr
 
 

@@ -1,4 +1,4 @@
-"""`python -m recipes.benchmarks.netfaults`: the testbed built, each scenario's uninterrupted reference run (once per
+"""`python -m recipes.benchmarks.faults network`: the testbed built, each scenario's uninterrupted reference run (once per
 launcher, links and config, kept for later invocations), the scenarios, one JSON file each; then the table, the
 targets, `netfaults.json` and `netfaults.png` over every scenario run so far in `--output_dir`."""
 
@@ -7,11 +7,11 @@ import os
 import time
 
 from adloco_hf.inspection import default_peer_timeout
-from recipes.benchmarks.fault_soak import Progress, thin_timeline
-from recipes.benchmarks.netfaults.driver import Watched, run_scenario
-from recipes.benchmarks.netfaults.measure import round_figures, summary, work_lost
-from recipes.benchmarks.netfaults.report import check_targets, format_report, plot, write_doc
-from recipes.benchmarks.netfaults.scenarios import CONFIG, SCENARIO_NAMES, TIMEOUT_KEYS, Scenario, scenarios
+from recipes.benchmarks.faults.network.driver import Watched, run_scenario
+from recipes.benchmarks.faults.network.measure import round_figures, summary, work_lost
+from recipes.benchmarks.faults.network.report import check_targets, format_report, plot, write_doc
+from recipes.benchmarks.faults.network.scenarios import CONFIG, SCENARIO_NAMES, TIMEOUT_KEYS, Scenario, scenarios
+from recipes.benchmarks.faults.progress import Progress, thin_timeline
 from recipes.benchmarks.toolkit.machines import machine_info
 from recipes.benchmarks.toolkit.options import chosen_names
 from recipes.benchmarks.toolkit.paths import RESULTS
@@ -44,7 +44,7 @@ EXPLAINED = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.faults network", description=DESCRIPTION)
     parser.add_argument(
         "--scenarios", default=",".join(SCENARIO_NAMES), help=f"comma-separated, of {', '.join(SCENARIO_NAMES)}"
     )
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if not args.report_only:
         reason = unavailable_reason()
         if reason:
-            print(f"skipped: {reason}; the netfaults benchmark builds network namespaces (run it as root)", flush=True)
+            print(f"skipped: {reason}; network faults need network namespaces (run it as root)", flush=True)
             return None
         try:
             with Testbed(PLAN) as testbed:

@@ -6,8 +6,8 @@ import statistics
 
 import torch
 
-from recipes.benchmarks.fault_soak.progress import Progress
-from recipes.benchmarks.fault_soak.soak import Launch
+from recipes.benchmarks.faults.progress import Progress
+from recipes.benchmarks.faults.soak.soak import Launch
 from recipes.benchmarks.toolkit.figures import pyplot, save_figure
 from recipes.benchmarks.toolkit.resumed_runs import compared_rounds, merged_weights
 

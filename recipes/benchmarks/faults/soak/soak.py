@@ -11,17 +11,17 @@ import time
 
 import psutil
 
-from adloco_hf.testing import launch_command, run_workers
-from recipes.benchmarks.fault_soak.config import WORKER, WORLD_SIZE, spec
-from recipes.benchmarks.fault_soak.progress import Progress
-from recipes.benchmarks.toolkit.paths import REPO
+from adloco_hf.testing import launch_command
+from recipes.benchmarks.faults.progress import Progress
+from recipes.benchmarks.faults.soak.config import WORLD_SIZE, spec
+from recipes.benchmarks.faults.worker import WORKER, run_launch
 
 
 __all__ = ["Launch", "soak"]
 
 
 class Launch:
-    """One launch in a thread (`run_workers`: its timeout kills every worker), so that this process can watch it."""
+    """One launch in a thread (`run_launch`: its timeout kills every worker), so that this process can watch it."""
 
     def __init__(self, name: str, root: str, config: dict, *, max_restarts: int, timeout: float):
         self.out, self.probe = os.path.join(root, name), os.path.join(root, f"{name}-probe")
@@ -31,16 +31,17 @@ class Launch:
         command = launch_command(
             WORKER, json.dumps(spec(self.out, self.probe, config)), num_processes=WORLD_SIZE, max_restarts=max_restarts
         )
-        self.progress, self.result, self.log = Progress(self.probe), None, os.path.join(root, f"{name}.log")
+        self.progress, self.result, self.log = (
+            Progress(self.probe, WORLD_SIZE),
+            None,
+            os.path.join(root, f"{name}.log"),
+        )
         self.started = time.time()
         self.thread = threading.Thread(target=self._run, args=(command, timeout), daemon=True)
         self.thread.start()
 
     def _run(self, command, timeout):
-        tests = os.path.join(REPO, "tests")
-        self.result = run_workers(
-            command, timeout=timeout, cwd=REPO, pythonpath=[REPO, tests], threads=1, log_path=self.log, check=False
-        )
+        self.result = run_launch(command, timeout=timeout, log_path=self.log, check=False)
 
     def running(self) -> bool:
         return self.thread.is_alive()

@@ -1,14 +1,21 @@
-"""`python -m recipes.benchmarks.fault_soak`: the uninterrupted run, the run with kills, the table and the files."""
+"""`python -m recipes.benchmarks.faults soak`: the uninterrupted run, the run with kills, the table and the files."""
 
 import argparse
 import math
 import os
 import random
 
-from recipes.benchmarks.fault_soak.config import CONFIG, START_SECONDS, STEP_SECONDS, WORLD_SIZE, run_config, steps_for
-from recipes.benchmarks.fault_soak.progress import thin_timeline
-from recipes.benchmarks.fault_soak.report import measure_kills, plot, summarize
-from recipes.benchmarks.fault_soak.soak import Launch, soak
+from recipes.benchmarks.faults.progress import thin_timeline
+from recipes.benchmarks.faults.soak.config import (
+    CONFIG,
+    START_SECONDS,
+    STEP_SECONDS,
+    WORLD_SIZE,
+    run_config,
+    steps_for,
+)
+from recipes.benchmarks.faults.soak.report import measure_kills, plot, summarize
+from recipes.benchmarks.faults.soak.soak import Launch, soak
 from recipes.benchmarks.toolkit.results import table, write_json
 
 
@@ -20,7 +27,7 @@ DESCRIPTION = (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="python -m recipes.benchmarks.faults soak", description=DESCRIPTION)
     parser.add_argument("--minutes", type=float, default=15.0, help="training time of the uninterrupted run")
     parser.add_argument("--max_steps", type=int, default=None, help="overrides --minutes (a multiple of save_steps)")
     parser.add_argument("--save_steps", type=int, default=CONFIG["save_steps"], help="the checkpoint interval")

@@ -8,9 +8,9 @@ the workers' progress and phase files, and restores every link on every exit pat
 the seconds from the fault to the lost worker being named and to the first step after it, the steps trained again,
 and the final merged model against the same run's without the fault.
 
-    python -m recipes.benchmarks.netfaults --doc docs/faults.md     # every scenario (root: namespaces), the page
-    python -m recipes.benchmarks.netfaults --scenarios down_in_allreduce,down_then_back
-    python -m recipes.benchmarks.netfaults --report_only            # the table of the scenarios run so far
+    python -m recipes.benchmarks.faults network --doc docs/faults.md     # every scenario (root: namespaces), the page
+    python -m recipes.benchmarks.faults network --scenarios down_in_allreduce,down_then_back
+    python -m recipes.benchmarks.faults network --report_only            # the table of the scenarios run so far
 
 The runs set `worker_timeout` (`--worker_timeout`, 30 s) and `ddp_timeout` to the same value: the library's defaults
 (1800 s) would name a dead link after half an hour (docs/faults.md#timeouts). Results: `docs/results/netfaults.json`
@@ -22,9 +22,9 @@ does, pure), `launch.py` (the machines' launches and their logs), `phases.py` (t
 plot), `cli.py`.
 """
 
-from recipes.benchmarks.netfaults.cli import main, parse_args
-from recipes.benchmarks.netfaults.measure import detection, fault_window, first_step_after, summary, work_lost
-from recipes.benchmarks.netfaults.report import (
+from recipes.benchmarks.faults.network.cli import main, parse_args
+from recipes.benchmarks.faults.network.measure import detection, fault_window, first_step_after, summary, work_lost
+from recipes.benchmarks.faults.network.report import (
     DOC_BEGIN,
     DOC_END,
     check_targets,
@@ -32,7 +32,7 @@ from recipes.benchmarks.netfaults.report import (
     format_report,
     write_doc,
 )
-from recipes.benchmarks.netfaults.scenarios import SCENARIO_NAMES, Action, Scenario, When, flapping, scenarios
+from recipes.benchmarks.faults.network.scenarios import SCENARIO_NAMES, Action, Scenario, When, flapping, scenarios
 
 
 __all__ = [
