@@ -24,7 +24,7 @@ import os
 from adloco_hf.inspection import PROFILE_FILE
 from recipes.benchmarks.convergence.seeds import mean_curve, mean_sd
 from recipes.benchmarks.convergence.virtual import link_curve
-from recipes.benchmarks.convergence.virtual_runs import run_summary
+from recipes.benchmarks.convergence.virtual_runs import add_noise_scales, request_summary, run_summary
 from recipes.benchmarks.toolkit.figures import pyplot, save_figure
 from recipes.benchmarks.toolkit.methods import METHODS
 from recipes.benchmarks.toolkit.results import table
@@ -261,6 +261,7 @@ def study_results(
                     s: run_summary(r, i) for s, (r, i) in by_label[label].items() if "error" not in r
                 }
     methods = [n for n in runs["comparison"] if "batch_size" not in METHODS[n]]
+    add_noise_scales({n: summaries["comparison"][n] for n in methods}, settings, output_dir)
     return {
         "study": comparisons,
         "study_curves": curves,
@@ -324,6 +325,15 @@ def format_study(results: dict) -> str:
                 f"at the budget / its time): {_interval(guess)}, {len(guess['seeds'])} of {total} pairs reached, "
                 f"faster:slower {guess['faster']}:{guess['slower']} (sign test p {guess['sign_test_p']:.3f})"
             )
+        for name, by_seed in results.get("study_runs", {}).get("comparison", {}).items():
+            if "batch_size" not in METHODS[name] and (asked := request_summary(by_seed.get(label, {}))):
+                lines.append(
+                    f"{name} requests per worker ({asked['seeds']} seeds): first round "
+                    f"{asked['first'][0]:g}-{asked['first'][1]:g}, mean of the first {asked['first_rounds']} "
+                    f"{asked['mean_first'][0]:.0f}-{asked['mean_first'][1]:.0f}, last {asked['last'][0]:g}-"
+                    f"{asked['last'][1]:g}; noise scale (each run's median over its rounds) "
+                    + ("-" if not (n := asked["noise_scale"]) else f"{n[0]:.0f}-{n[2]:.0f}, median {n[1]:.1f}")
+                )
     for label, costs in results.get("startup_profile_costs", {}).items():
         if costs:
             shares = [c["share_of_100_rounds"] for c in costs]

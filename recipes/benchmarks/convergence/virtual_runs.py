@@ -1,7 +1,9 @@
 """`convergence --clock virtual`: the runs (a method whose decisions read the clock once per bandwidth, any other
 once for all), then the comparison per bandwidth (`virtual.py`), its tables, JSON and plot."""
 
+import json
 import os
+import statistics
 
 from recipes.benchmarks.convergence.virtual import compare_virtual, link_curve, virtual_targets
 from recipes.benchmarks.toolkit.methods import METHODS
@@ -9,7 +11,7 @@ from recipes.benchmarks.toolkit.runs import run_method
 from recipes.benchmarks.toolkit.settings import method_spec, on_links, reads_clock
 
 
-__all__ = ["TARGET_METHODS", "run_summary", "run_virtual", "virtual_results"]
+__all__ = ["TARGET_METHODS", "add_noise_scales", "request_summary", "run_summary", "run_virtual", "virtual_results"]
 
 # The methods issue 39's targets are checked on: the default AdLoCo (the norm test) and the goodput rule, the
 # candidate default (`toolkit/methods.py`).
@@ -42,9 +44,16 @@ def run_virtual(args, settings: dict, output_dir: str, seeds: list[int], names: 
 
 def run_summary(result: dict, index: int) -> dict:
     """What a run's record keeps beside the curves: its end in tokens, rounds and virtual seconds, its last batch
-    per worker, its CPU seconds (evaluations excluded) and launch seconds."""
+    per worker, its CPU seconds (evaluations excluded) and launch seconds, and each round's request per worker (the
+    mean over the instances: what the batch rule asked for)."""
     ends = result.get("virtual_round_ends") or []
+    requests = [
+        sum(line["requested_batch_sizes"].values()) / len(line["requested_batch_sizes"])
+        for line in result.get("round_log") or []
+        if line.get("requested_batch_sizes")
+    ]
     return {
+        "requests": [round(r, 2) for r in requests],
         "tokens": result.get("tokens"),
         "rounds": result.get("rounds"),
         "virtual_seconds": ends[-1][1 + index] if ends else None,
@@ -53,6 +62,38 @@ def run_summary(result: dict, index: int) -> dict:
         "launch_seconds": result.get("launch_seconds"),
         "final_eval_ppl": result.get("final_eval_ppl"),
     }
+
+
+def request_summary(summaries: dict, first_rounds: int = 6) -> dict | None:
+    """A method's requests over its seeds ({seed: run_summary}): the range over the seeds of its first round's, of
+    the mean of its first `first_rounds` and of its last round's; None for a run that logged no request."""
+    paths = [s["requests"] for s in summaries.values() if s.get("requests")]
+    if not paths:
+        return None
+    parts = {"first": [p[0] for p in paths], "mean_first": [sum(p[:first_rounds]) / len(p[:first_rounds]) for p in paths],
+             "last": [p[-1] for p in paths]}  # fmt: skip
+    noise = [s["noise_scale_median"] for s in summaries.values() if s.get("noise_scale_median") is not None]
+    return {key: [min(v), max(v)] for key, v in parts.items()} | {
+        "seeds": len(paths),
+        "first_rounds": first_rounds,
+        "noise_scale": [min(noise), statistics.median(noise), max(noise)] if noise else None,
+    }
+
+
+def add_noise_scales(summaries: dict, settings: dict, output_dir: str) -> None:
+    """Each batch rule's run record ({method: {label: {seed: run_summary}}}) gains `noise_scale_median`: the median
+    over its rounds of the noise scale the rule read (its rounds file), None where it logged none."""
+    for name, by_label in summaries.items():
+        for label, by_seed in by_label.items():
+            for seed, summary in by_seed.items():
+                spec = method_spec(name, settings, output_dir, seed=int(seed))
+                folder = os.path.join(spec["output_dir"], label) if reads_clock(spec) else spec["output_dir"]
+                path = os.path.join(folder, "adloco_rounds.jsonl")
+                values = []
+                if os.path.exists(path):
+                    with open(path, encoding="utf-8") as f:
+                        values = [v for line in f if line.strip() and (v := json.loads(line).get("noise_scale"))]
+                summary["noise_scale_median"] = statistics.median(values) if values else None
 
 
 def virtual_results(runs: dict, settings: dict, initial_ppl: dict[int, float]) -> dict:

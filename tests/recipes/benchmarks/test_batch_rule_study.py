@@ -161,3 +161,45 @@ def test_the_learning_rate_comparison_pairs_each_schedule_with_the_reference_and
     assert out["held"]["ppl_vs_reference"]["geometric_mean"] == pytest.approx(0.5)
     assert out["slow"]["time_vs_best_fixed"]["never"] == [1] and out["slow"]["time_vs_best_fixed"]["seeds"] == {}
     assert out["slow"]["ppl_vs_reference"]["seeds"][1] == pytest.approx(90 / 80)
+
+
+def test_the_rules_requests_are_kept_per_round_and_summarised_over_the_seeds():
+    from recipes.benchmarks.convergence.virtual_runs import request_summary, run_summary
+
+    def result(requests):  # one instance, then two after a split (the mean over the instances)
+        log = [{"requested_batch_sizes": {"0": r}} for r in requests[:-1]]
+        log.append({"requested_batch_sizes": {"0": requests[-1], "1": requests[-1] + 2}})
+        return {"round_log": log, "tokens": 1, "rounds": len(log)}
+
+    first = run_summary(result([8, 12, 16, 16, 20, 24, 24, 30]), 0)
+    assert first["requests"] == [8, 12, 16, 16, 20, 24, 24, 31]
+    second = run_summary(result([10, 10, 14]), 0)
+    fixed = run_summary({"tokens": 1}, 0)  # a run without a round log asked for nothing
+    assert fixed["requests"] == []
+    summary = request_summary({42: first, 43: second, 44: fixed})
+    assert summary["seeds"] == 2 and summary["first_rounds"] == 6
+    assert summary["first"] == [8, 10] and summary["last"] == [15, 31]
+    assert summary["mean_first"] == [pytest.approx(35 / 3), pytest.approx(16.0)]  # (10 + 10 + 15) / 3, 96 / 6
+    assert request_summary({42: fixed}) is None
+    assert summary["noise_scale"] is None  # no rounds file read yet
+    first["noise_scale_median"], second["noise_scale_median"] = 30.0, 50.0
+    assert request_summary({42: first, 43: second})["noise_scale"] == [30.0, 40.0, 50.0]
+
+
+def test_a_rules_noise_scale_is_read_from_its_rounds_file(tmp_path):
+    from recipes.benchmarks.convergence.virtual_runs import add_noise_scales
+
+    profile = os.path.join(REPO, "docs", "results", "device_profiles", "nvidia-h200-microllama.json")
+    args = convergence.parse_args(["--clock", "virtual", "--device_profile", profile, "--bandwidth", "1gbit",
+                                   "--budget_virtual_seconds", "2", "--methods", "rule_startup_lr_held"])  # fmt: skip
+    shared = settings.shared_settings(args)
+    spec = settings.method_spec("rule_startup_lr_held", shared, str(tmp_path), seed=42)
+    folder = os.path.join(spec["output_dir"], "1gbit") if settings.reads_clock(spec) else spec["output_dir"]
+    os.makedirs(folder)
+    with open(os.path.join(folder, "adloco_rounds.jsonl"), "w", encoding="utf-8") as f:
+        for value in (None, 30.0, 36.0, 50.0):  # a round without statistics logs none
+            f.write(json.dumps({"outer_step": 1, "noise_scale": value}) + "\n")
+    summaries = {"rule_startup_lr_held": {"1gbit": {42: {}, 43: {}}}}
+    add_noise_scales(summaries, shared, str(tmp_path))
+    assert summaries["rule_startup_lr_held"]["1gbit"][42]["noise_scale_median"] == 36.0
+    assert summaries["rule_startup_lr_held"]["1gbit"][43]["noise_scale_median"] is None  # no rounds file
