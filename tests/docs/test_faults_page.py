@@ -1,5 +1,6 @@
-"""docs/faults.md quotes the netfaults benchmark's results file: its table is `doc_section` of
-docs/results/netfaults.json, as `python -m recipes.benchmarks.faults network --report_only --doc docs/faults.md` writes it."""
+"""docs/faults.md quotes the network fault benchmark's results file: its table is `doc_section` of
+docs/results/netfaults.json, as `python -m recipes.benchmarks.faults network --report_only --doc docs/faults.md`
+writes it."""
 
 import json
 import os

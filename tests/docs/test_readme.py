@@ -174,7 +174,8 @@ def parse_or_fail(parser: argparse.ArgumentParser, args: list[str], command: Com
 
 
 def recipe_module(name: str):
-    """The module whose parser a recipe uses: `recipes.benchmarks.links` runs its package's `__main__`."""
+    """The module whose parser a recipe uses: the module itself, or a package's `__main__` where the package exports
+    no `parse_args` (none of today's benchmarks needs it: each exports its parser)."""
     module = importlib.import_module(name)
     if not hasattr(module, "parse_args") and hasattr(module, "__path__"):
         module = importlib.import_module(f"{name}.__main__")

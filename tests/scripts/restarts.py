@@ -11,7 +11,7 @@ With the spec's `"progress": true` every rank appends its attempts' starts (the 
 with the wall time, to `progress-rank{R}.jsonl` (`ProgressRecorder`; read by `recipes/benchmarks/faults/progress.py`'s
 `Progress`): how much work each kill cost, and where each worker stopped. With `"phases": true` it also appends, to
 `phases-rank{R}.jsonl`, when each round's outer step and each merge begin and end (`record_phases`): the
-`netfaults` benchmark cuts a link in the middle of one.
+network fault benchmark (`faults network`) cuts a link in the middle of one.
 """
 
 import json

@@ -325,8 +325,8 @@ def format_study(results: dict) -> str:
                 f"at the budget / its time): {_interval(guess)}, {len(guess['seeds'])} of {total} pairs reached, "
                 f"faster:slower {guess['faster']}:{guess['slower']} (sign test p {guess['sign_test_p']:.3f})"
             )
-        for name, by_seed in results.get("study_runs", {}).get("comparison", {}).items():
-            if "batch_size" not in METHODS[name] and (asked := request_summary(by_seed.get(label, {}))):
+        for name, by_label in results.get("study_runs", {}).get("comparison", {}).items():
+            if "batch_size" not in METHODS[name] and (asked := request_summary(by_label.get(label, {}))):
                 lines.append(
                     f"{name} requests per worker ({asked['seeds']} seeds): first round "
                     f"{asked['first'][0]:g}-{asked['first'][1]:g}, mean of the first {asked['first_rounds']} "

@@ -66,7 +66,8 @@ def run_summary(result: dict, index: int) -> dict:
 
 def request_summary(summaries: dict, first_rounds: int = 6) -> dict | None:
     """A method's requests over its seeds ({seed: run_summary}): the range over the seeds of its first round's, of
-    the mean of its first `first_rounds` and of its last round's; None for a run that logged no request."""
+    the mean of its first `first_rounds` and of its last round's (seeds that logged no request left out; None when
+    none did), and its noise scales' range and median over the runs (`add_noise_scales`)."""
     paths = [s["requests"] for s in summaries.values() if s.get("requests")]
     if not paths:
         return None
@@ -82,7 +83,8 @@ def request_summary(summaries: dict, first_rounds: int = 6) -> dict | None:
 
 def add_noise_scales(summaries: dict, settings: dict, output_dir: str) -> None:
     """Each batch rule's run record ({method: {label: {seed: run_summary}}}) gains `noise_scale_median`: the median
-    over its rounds of the noise scale the rule read (its rounds file), None where it logged none."""
+    over its rounds file's lines (every instance's; the studies run one) of the positive noise scales, the ones the
+    rule reads; None where it logged none."""
     for name, by_label in summaries.items():
         for label, by_seed in by_label.items():
             for seed, summary in by_seed.items():
@@ -92,7 +94,11 @@ def add_noise_scales(summaries: dict, settings: dict, output_dir: str) -> None:
                 values = []
                 if os.path.exists(path):
                     with open(path, encoding="utf-8") as f:
-                        values = [v for line in f if line.strip() and (v := json.loads(line).get("noise_scale"))]
+                        values = [
+                            v
+                            for line in f
+                            if line.strip() and (v := json.loads(line).get("noise_scale")) is not None and v > 0
+                        ]
                 summary["noise_scale_median"] = statistics.median(values) if values else None
 
 

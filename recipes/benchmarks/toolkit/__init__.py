@@ -14,7 +14,8 @@ Training runs of the compared methods (`convergence`, `links`, `gpu_bench`):
 - `worker/`: what every launched worker runs (`python -m recipes.benchmarks.toolkit.worker SPEC_JSON`);
 - `data`: a spec's corpus, tokenizer, packed blocks, model and eval perplexity;
 - `step_times`: timestamps of every inner step around AdLoCo's own callback (one process, no launch);
-- `link_model`: links, device profiles (step seconds by micro-batch size) and the time of every message pattern;
+- `link_model`: links, device profiles (step seconds by micro-batch size) and the time of a ring all-reduce and of
+  small control collectives;
   `virtual_clock`: the library's `Clock` priced by a device profile and links, the worker's `--clock virtual`;
   `device_profiles`: the profiles kept under `docs/results/device_profiles/`, read with their source.
 

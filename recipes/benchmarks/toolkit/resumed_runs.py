@@ -1,5 +1,5 @@
-"""What a resumed run must reproduce of an uninterrupted one (`faults`, `fault_soak` and the test suite's resume
-checks): the final merged model, and the rounds file on the keys that do not depend on timing."""
+"""What a resumed run must reproduce of an uninterrupted one (`faults process`, `faults soak` and the test
+suite's resume checks): the final merged model, and the rounds file on the keys that do not depend on timing."""
 
 import json
 import os

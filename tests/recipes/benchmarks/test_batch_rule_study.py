@@ -197,7 +197,7 @@ def test_a_rules_noise_scale_is_read_from_its_rounds_file(tmp_path):
     folder = os.path.join(spec["output_dir"], "1gbit") if settings.reads_clock(spec) else spec["output_dir"]
     os.makedirs(folder)
     with open(os.path.join(folder, "adloco_rounds.jsonl"), "w", encoding="utf-8") as f:
-        for value in (None, 30.0, 36.0, 50.0):  # a round without statistics logs none
+        for value in (None, 0.0, 30.0, 36.0, 50.0):  # a round without statistics logs none; 0 the rule never reads
             f.write(json.dumps({"outer_step": 1, "noise_scale": value}) + "\n")
     summaries = {"rule_startup_lr_held": {"1gbit": {42: {}, 43: {}}}}
     add_noise_scales(summaries, shared, str(tmp_path))

@@ -36,3 +36,9 @@ def test_one_fault_benchmark_hands_each_family_its_own_options(capsys):
         with pytest.raises(SystemExit):
             benchmark.main(wrong)
         assert "{process,soak,network}" in capsys.readouterr().err  # the usage line names the families
+
+
+def test_the_fault_benchmark_runs_the_familys_own_main_with_its_options(capsys):
+    with pytest.raises(SystemExit):  # the process family's own check, reached through the dispatcher
+        benchmark.main(["process", "--scenarios", "kill_all,no_such_fault"])
+    assert "unknown scenario(s) ['no_such_fault']" in capsys.readouterr().err

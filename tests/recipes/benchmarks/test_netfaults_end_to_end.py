@@ -1,6 +1,7 @@
-"""`netfaults` for real (root only): two machines in network namespaces forming one world under torchrun's c10d
-rendezvous, a transfer over a slow link that lasts several `peer_timeout`s without a false alarm, and one scenario: 4 machines, each its own `accelerate launch --max_restarts`, worker 3's link set down
-for 5 s one second into a round's outer all-reduce."""
+"""`faults network` for real (root only): two machines in network namespaces forming one world under torchrun's
+c10d rendezvous, a transfer over a slow link that lasts several `peer_timeout`s without a false alarm, and one
+scenario: 4 machines, each its own `accelerate launch --max_restarts`, worker 3's link set down for 5 s one second
+into a round's outer all-reduce."""
 
 import json
 import subprocess

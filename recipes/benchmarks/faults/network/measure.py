@@ -45,7 +45,7 @@ def detection(lines: Sequence, since: float) -> tuple[float, int, str] | None:
 
 def first_step_after(starts: dict, steps: dict, fault: float, inner_steps: int) -> float | None:
     """When training went on after the fault (module docstring): `starts[attempt][rank]` (the step resumed from) and
-    `steps[attempt][rank]` = [(step, time)] are `fault_soak.Progress`'s."""
+    `steps[attempt][rank]` = [(step, time)] are `faults.progress.Progress`'s."""
     fault_attempt = max((a for a, ranks in steps.items() for p in ranks.values() if p and p[0][1] <= fault), default=0)
     later = [a for a in steps if a > fault_attempt]
     if later:

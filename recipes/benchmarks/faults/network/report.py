@@ -1,4 +1,4 @@
-"""The netfaults table and figure (pure but for the plot): one row per scenario, the targets checked, and a timeline of
+"""The network faults' table and figure (pure but for the plot): one row per scenario, the targets checked, and a timeline of
 every scenario's steps with its faults shaded."""
 
 import re
@@ -7,7 +7,7 @@ from recipes.benchmarks.toolkit.figures import pyplot, save_figure
 from recipes.benchmarks.toolkit.results import table
 
 
-DOC_BEGIN = "<!-- netfaults:begin: written by `netfaults --doc` from docs/results/netfaults.json; do not edit -->"
+DOC_BEGIN = "<!-- netfaults:begin: written by `faults network --doc` from docs/results/netfaults.json; do not edit -->"
 DOC_END = "<!-- netfaults:end -->"
 
 
@@ -175,7 +175,9 @@ def write_doc(path: str, report: dict) -> None:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if DOC_BEGIN not in text or DOC_END not in text:
-        raise ValueError(f"{path} has no netfaults section: put the lines {DOC_BEGIN!r} and {DOC_END!r} around it")
+        raise ValueError(
+            f"{path} has no network faults section: put the lines {DOC_BEGIN!r} and {DOC_END!r} around it"
+        )
     head, rest = text.split(DOC_BEGIN, 1)
     tail = rest.split(DOC_END, 1)[1]
     with open(path, "w", encoding="utf-8") as f:

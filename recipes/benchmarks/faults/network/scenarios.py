@@ -1,4 +1,5 @@
-"""The scenarios of `netfaults` (pure): what each does to the links, when, under which launcher, and what it expects.
+"""The scenarios of `faults network` (pure): what each does to the links, when, under which launcher, and what it
+expects.
 
 A scenario is a list of `Action`s on the testbed's links (`toolkit.link_faults`), each taking effect `delay` seconds
 after an event of the run (`When`): the first worker entering a round's outer step or a merge at or after a step

@@ -17,8 +17,8 @@ completed after the restart. The summary adds the restarts, whether the run fini
 merged model against the uninterrupted run's (max difference, target ≤ 1e-6) with the rounds file on the keys a
 resumed run must reproduce.
 
-The modules: `config.py` (the run's config and size), `progress.py` (the workers' progress files), `soak.py` (a
-launch watched from outside, the kills), `report.py` (each kill measured, the summary, the plot), `cli.py`.
+The modules: `config.py` (the run's config and size), `soak.py` (a launch watched from outside, the kills; the
+workers' progress files through `faults/progress.py`), `report.py` (each kill measured, the summary, the plot), `cli.py`.
 """
 
 from recipes.benchmarks.faults.progress import Progress, thin_timeline
