@@ -199,7 +199,7 @@ def test_the_docs_section_is_written_between_its_markers_from_the_report_alone(t
     assert netfaults.doc_section(report) in text
     assert "worker_timeout 30 s, ddp_timeout 30 s" in text and "Missed: dead: named within 60 s." in text
     page.write_text("# Faults without markers\n")
-    with pytest.raises(ValueError, match="has no netfaults section"):
+    with pytest.raises(ValueError, match="has no network faults section"):
         netfaults.write_doc(str(page), report)
 
 
