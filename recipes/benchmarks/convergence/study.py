@@ -24,7 +24,7 @@ import os
 from adloco_hf.inspection import PROFILE_FILE
 from recipes.benchmarks.convergence.seeds import mean_curve, mean_sd
 from recipes.benchmarks.convergence.virtual import link_curve
-from recipes.benchmarks.convergence.virtual_runs import add_noise_scales, request_summary, run_summary
+from recipes.benchmarks.convergence.virtual_runs import add_noise_scales, request_summary, run_folder, run_summary
 from recipes.benchmarks.toolkit.figures import pyplot, save_figure
 from recipes.benchmarks.toolkit.methods import METHODS
 from recipes.benchmarks.toolkit.results import table
@@ -231,8 +231,7 @@ def profile_costs(runs: dict, settings: dict, output_dir: str) -> dict:
         costs = []
         for name, by_label in runs["comparison"].items():
             for seed, (result, link) in by_label[label].items():
-                folder = method_spec(name, settings, output_dir, seed=seed)["output_dir"]
-                path = os.path.join(folder, label, PROFILE_FILE)
+                path = os.path.join(run_folder(name, label, seed, settings, output_dir), PROFILE_FILE)
                 ends = result.get("virtual_round_ends") or []
                 if not os.path.exists(path) or not ends:
                     continue

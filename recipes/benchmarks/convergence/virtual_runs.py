@@ -11,7 +11,15 @@ from recipes.benchmarks.toolkit.runs import run_method
 from recipes.benchmarks.toolkit.settings import method_spec, on_links, reads_clock
 
 
-__all__ = ["TARGET_METHODS", "add_noise_scales", "request_summary", "run_summary", "run_virtual", "virtual_results"]
+__all__ = [
+    "TARGET_METHODS",
+    "add_noise_scales",
+    "request_summary",
+    "run_folder",
+    "run_summary",
+    "run_virtual",
+    "virtual_results",
+]
 
 # The methods issue 39's targets are checked on: the default AdLoCo (the norm test) and the goodput rule, the
 # candidate default (`toolkit/methods.py`).
@@ -81,6 +89,12 @@ def request_summary(summaries: dict, first_rounds: int = 6) -> dict | None:
     }
 
 
+def run_folder(name: str, label: str, seed: int, settings: dict, output_dir: str) -> str:
+    """Where one run of `name` on `seed` wrote its files: a folder per bandwidth for a method that reads the clock."""
+    spec = method_spec(name, settings, output_dir, seed=seed)
+    return os.path.join(spec["output_dir"], label) if reads_clock(spec) else spec["output_dir"]
+
+
 def add_noise_scales(summaries: dict, settings: dict, output_dir: str) -> None:
     """Each batch rule's run record ({method: {label: {seed: run_summary}}}) gains `noise_scale_median`: the median
     over its rounds file's lines (every instance's; the studies run one) of the positive noise scales, the ones the
@@ -88,9 +102,7 @@ def add_noise_scales(summaries: dict, settings: dict, output_dir: str) -> None:
     for name, by_label in summaries.items():
         for label, by_seed in by_label.items():
             for seed, summary in by_seed.items():
-                spec = method_spec(name, settings, output_dir, seed=int(seed))
-                folder = os.path.join(spec["output_dir"], label) if reads_clock(spec) else spec["output_dir"]
-                path = os.path.join(folder, "adloco_rounds.jsonl")
+                path = os.path.join(run_folder(name, label, int(seed), settings, output_dir), "adloco_rounds.jsonl")
                 values = []
                 if os.path.exists(path):
                     with open(path, encoding="utf-8") as f:

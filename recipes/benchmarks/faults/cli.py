@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None):
-    """Run one family: its options checked first, then its own `main`."""
+    """Run one family: its own `main` parses and checks the rest of the command line."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    family = parse_args(argv).family
+    family = _parser().parse_args(argv[:1]).family
     return FAMILIES[family][0].main(argv[1:])
