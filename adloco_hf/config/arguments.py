@@ -156,8 +156,9 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             What the norm test does when the (smoothed) estimate of ‖∇F‖² is ≤ 0: `"keep"` the request, or
             `"clamp"` the estimate at 0 (the paper: a jump to B / η²).
         batch_size_shrink (`bool`, *optional*, defaults to `False`):
-            Let a request fall, when the test asks for less than `shrink_hysteresis` × it (never below
-            `batch_size_floor`). The paper's requests never shrink. Either way, a merge with
+            Let a request fall, when the test asks for less than `shrink_hysteresis` × it, or when the goodput
+            rule finds a smaller one better (never below `batch_size_floor`). The paper's requests never shrink, nor
+            do the goodput rule's without it. Either way, a merge with
             `merge_batch_rule="preserve_total"` lowers the per-worker request of an instance that gains workers (it
             keeps the instance's total batch).
         shrink_hysteresis (`float`, *optional*, defaults to `0.5`):
@@ -177,8 +178,8 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             statistical efficiency (Pollux): the throughput from the step times the run measures (switch mode's
             passes included) with the round's outer step spread over its inner steps, the efficiency
             (B_noise + M b₀) / (B_noise + M b) of the instance's M workers from the smoothed noise scale
-            (`batch/goodput.py`). Requests may fall
-            as well as grow; needs a `batch_size_test` that measures (not `"none"`). `batch_size_cap` bounds the
+            (`batch/goodput.py`). Requests only grow
+            unless `batch_size_shrink=True` (then they may fall to `batch_size_floor`); needs a `batch_size_test` that measures (not `"none"`). `batch_size_cap` bounds the
             choice where set; without it the rule bounds its own search where no larger request can win: past it
             even a step with no fixed costs could not make up for the samples' lower worth
             (`GoodputModel.request_bound`).

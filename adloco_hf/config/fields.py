@@ -167,7 +167,10 @@ class BatchFields:
             "choices": list(NONPOSITIVE_SIGNAL),
         },
     )
-    batch_size_shrink: bool = field(default=False, metadata={"help": "Let requests fall (with hysteresis)."})
+    batch_size_shrink: bool = field(
+        default=False,
+        metadata={"help": "Let requests fall (the norm test's and the goodput rule's; with hysteresis)."},
+    )
     shrink_hysteresis: float = field(default=0.5, metadata={"help": "Shrink only below this fraction of the request."})
     batch_size_floor: int | None = field(
         default=None,

@@ -248,6 +248,9 @@ def goodput_choice(
         reference=g * rules.reference_batch_size,
     )
     low = g * math.ceil(controller.floor / g)
+    if not controller.shrink:  # requests only grow unless `batch_size_shrink` (docs/algorithm.md#goodput)
+        capped = inst.batch_size if controller.cap is None else min(inst.batch_size, controller.cap)
+        low = max(low, g * (capped // g))
     high = max(low, g * (controller.cap // g)) if controller.cap is not None else low
     if controller.derived_cap:  # no batch_size_cap: past its own bound no request can win (`request_bound`)
         bound = model.request_bound(low, current=inst.batch_size)  # >= low and >= the current request

@@ -115,6 +115,38 @@ def test_a_tiny_gain_is_not_worth_a_change():
     assert kept.lines[0].next_batch_size == 4 and kept.lines[0].goodput == kept.lines[0].goodput_kept
 
 
+def test_requests_only_grow_unless_batch_size_shrink_lets_them_fall():
+    # A request of 16, a fast outer step and a noise scale of 4 (tr Σ = 40, ‖∇F‖² ≈ 12.5 − 40 / 16): a batch of
+    # 16 is far past what pays, and the rule's best lies at the floor.
+    table = [Instance(0, (0,), 16)]
+    round_of_16 = report(micro=16, pass_seconds=0.18, half_seconds=0.10, outer_seconds=0.01)
+    kept = decide_round(table, [round_of_16], outer_step=1, global_step=10, rules=rules(), inner_steps=10)
+    assert kept.lines[0].next_batch_size == kept.instances[0].batch_size == 16
+    assert kept.lines[0].noise_scale == pytest.approx(4.0)
+    falls = decide_round(
+        table, [round_of_16], outer_step=1, global_step=10, rules=rules(batch_size_shrink=True), inner_steps=10
+    )
+    after = falls.instances[0]
+    expected = choose_request(
+        GoodputModel(after.throughput.model(), after.noise.noise_scale, 10, 1, 1, SwitchMode(16, 2.0), 4),
+        current=16,
+        low=4,
+        high=64,
+        hysteresis=0.05,
+    )
+    assert after.batch_size == expected.request < 16
+    # Never below the floor, falls or not.
+    floored = decide_round(
+        table,
+        [round_of_16],
+        outer_step=1,
+        global_step=10,
+        rules=rules(batch_size_shrink=True, batch_size_floor=12),
+        inner_steps=10,
+    )
+    assert floored.instances[0].batch_size == 12
+
+
 def test_with_processes_per_worker_the_request_is_a_multiple_of_g_and_each_process_is_timed():
     table = [Instance(0, (0,), 4)]
     g2 = rules(processes_per_worker=2, per_device_train_batch_size=2, max_batch_size=8)

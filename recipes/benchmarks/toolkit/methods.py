@@ -252,6 +252,19 @@ METHODS: dict[str, dict] = {
             "rule_live_lr_held": {"goodput_timing": "live", "lr_batch_scaling": "none"},
             "rule_startup_lr_held": {"goodput_timing": "startup", "lr_batch_scaling": "none"},
             "rule_startup_sqrt_adam": {"goodput_timing": "startup", "lr_batch_scaling": "sqrt_adam"},
+            # The defaults whose requests may fall (`batch_size_shrink`: the goodput rule's behaviour until issue 51's
+            # selection seeds showed it losing its first rounds to the floor).
+            "rule_startup_lr_held_falls": {
+                "goodput_timing": "startup",
+                "lr_batch_scaling": "none",
+                "batch_size_shrink": True,
+            },
+            # The defaults with the noise scale in Adam's metric (tr P Σ / gᵀ P g, P from AdamW's second moments).
+            "rule_startup_lr_held_adam": {
+                "goodput_timing": "startup",
+                "lr_batch_scaling": "none",
+                "noise_preconditioner": "adam",
+            },
         }.items()
     },
 }

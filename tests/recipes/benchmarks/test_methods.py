@@ -167,6 +167,7 @@ def test_compression_and_overlap_variants_change_only_their_settings_and_make_a_
     goodput = {"diloco_b4", "diloco_b8", "diloco_b16", "adloco_goodput", "adloco_norm", "diloco_goodput"}  # issue 25's
     study = {"diloco_b32", "diloco_b64"}  # issues 39 and 51's studies (convergence --clock virtual)
     study |= {"rule_startup", "rule_live", "rule_startup_lr_held", "rule_startup_sqrt_adam", "rule_live_lr_held"}
+    study |= {"rule_startup_lr_held_falls", "rule_startup_lr_held_adam"}  # issue 51's screening
     study |= {f"diloco_b{size}_lr_held" for size in (8, 16, 32, 64)}  # the sweep over batch × {held, √}
     assert set(METHODS) == set(nine) | set(VARIANTS) | {"adloco_paper"} | goodput | study
     args = convergence.parse_args(["--quick", "--methods", *VARIANTS])
