@@ -19,7 +19,7 @@ from recipes.benchmarks.toolkit.paths import OFFLINE, REPO
 from recipes.benchmarks.toolkit.results import human_bytes, write_json
 
 
-__all__ = ["WORKER_MODULE", "launch", "prepare", "run_method", "runnable", "slow_group"]
+__all__ = ["LOCATION_KEYS", "WORKER_MODULE", "launch", "prepare", "run_method", "runnable", "same_run", "slow_group"]
 
 # Launched as a module from the repository root (`accelerate launch --module`): no path edits in the workers.
 WORKER_MODULE = "recipes.benchmarks.toolkit.worker"
@@ -85,6 +85,20 @@ def runnable(names: list[str]) -> tuple[list[str], str | None]:
     return names, None
 
 
+# Where a run's folder and the data cache lie: neither changes what the run trains (the spec's `data` names the
+# corpus and tokenizer), so a run folder copied or a cache spelt another way is still the same run.
+LOCATION_KEYS = ("output_dir", "cache_dir")
+
+
+def same_run(earlier: dict, spec: dict) -> bool:
+    """Whether an earlier run's spec trains what `spec` trains: equal but for `LOCATION_KEYS`."""
+
+    def trained(s: dict) -> dict:
+        return {key: value for key, value in s.items() if key not in LOCATION_KEYS}
+
+    return trained(earlier) == trained(spec)
+
+
 def run_method(name: str, spec: dict, reuse: bool) -> dict:
     """Launch one method with `spec` (written to its folder's `spec.json`) and return the worker's `result.json`, or
     `{"error": ...}` when the launch wrote none. `reuse`: an unchanged spec's earlier result is returned as it is."""
@@ -94,7 +108,7 @@ def run_method(name: str, spec: dict, reuse: bool) -> dict:
     spec_path = os.path.join(folder, "spec.json")
     if reuse and os.path.exists(result_path) and os.path.exists(spec_path):
         with open(spec_path, encoding="utf-8") as f:
-            if json.load(f) == spec:
+            if same_run(json.load(f), spec):
                 with open(result_path, encoding="utf-8") as f:
                     print(f"[{name}] reusing {result_path}", flush=True)
                     return json.load(f)

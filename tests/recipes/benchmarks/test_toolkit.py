@@ -198,3 +198,32 @@ def test_device_profile_interpolates_between_and_beyond_its_points():
     profile = link_model.DeviceProfile({1: 0.2, 4: 0.5, 8: 0.9}, optimizer_seconds=0.05, step_overhead_seconds=0.01)
     assert profile.forward_backward_seconds(6) == pytest.approx(0.7)
     assert profile.forward_backward_seconds(12) == pytest.approx(1.3)  # linear beyond the last point
+
+
+def test_reuse_takes_a_copied_run_but_not_a_changed_one(tmp_path, monkeypatch):
+    """`--reuse` returns an earlier result whose spec differs only in where the run and the data cache lie (a run
+    folder copied beside another study's, a cache spelt another way), and launches again when a setting differs."""
+    from recipes.benchmarks.toolkit import runs
+
+    launched = []
+
+    def launch(spec, log_path):
+        launched.append(spec["seed"])
+        written = {"final_eval_ppl": 50.0, "tokens": 100, "comm_bytes": 10, "measured_bytes_sent": 11}
+        results.write_json(os.path.join(spec["output_dir"], "result.json"), written)
+        return 0, 1.0
+
+    monkeypatch.setattr(runs, "launch", launch)
+    earlier = tmp_path / "study-a" / "seed-1"
+    spec = {"seed": 1, "world_size": 4, "train": {"learning_rate": 3e-3}, "output_dir": str(earlier)}
+    spec["cache_dir"] = "outputs/cache"
+    first = runs.run_method("m", spec, reuse=True)
+    assert first["final_eval_ppl"] == 50.0 and launched == [1]
+    copied = tmp_path / "study-b" / "seed-1"
+    shutil.copytree(earlier, copied)
+    moved = {**spec, "output_dir": str(copied), "cache_dir": "/elsewhere/cache"}
+    assert runs.run_method("m", moved, reuse=True)["tokens"] == 100 and launched == [1]
+    changed = {**moved, "train": {"learning_rate": 1e-3}}
+    runs.run_method("m", changed, reuse=True)
+    assert launched == [1, 1]
+    assert runs.same_run(spec, moved) and not runs.same_run(spec, changed)
