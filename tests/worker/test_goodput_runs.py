@@ -60,8 +60,11 @@ def check_decisions(rounds: list[dict], *, processes: int = 1, initial: int = 2,
             switch=SwitchMode(4, 2.0),
             reference=initial,
         )
-        high = cap if cap is not None else model.request_bound(initial, current=line["batch_size"])
-        choice = choose_request(model, current=line["batch_size"], low=initial, high=high, hysteresis=0.05)
+        # Requests only grow (the default batch_size_shrink=False): the search starts at the current request.
+        current = line["batch_size"]
+        low = max(initial, processes * ((current if cap is None else min(current, cap)) // processes))
+        high = max(low, cap) if cap is not None else model.request_bound(low, current=current)
+        choice = choose_request(model, current=current, low=low, high=high, hysteresis=0.05)
         asked = line.get("asked_batch_size", line["next_batch_size"])  # a merge may have planned another
         assert (choice.request, choice.goodput, choice.kept) == pytest.approx(
             (asked, line["goodput"], line["goodput_kept"])
