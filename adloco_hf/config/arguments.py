@@ -157,10 +157,9 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             `"clamp"` the estimate at 0 (the paper: a jump to B / η²).
         batch_size_shrink (`bool`, *optional*, defaults to `False`):
             Let a request fall, when the test asks for less than `shrink_hysteresis` × it, or when the goodput
-            rule finds a smaller one better (never below `batch_size_floor`). The paper's requests never shrink, nor
-            do the goodput rule's without it. Either way, a merge with
-            `merge_batch_rule="preserve_total"` lowers the per-worker request of an instance that gains workers (it
-            keeps the instance's total batch).
+            rule finds a smaller one better (never below `batch_size_floor`); without it no request shrinks. Either
+            way, a merge with `merge_batch_rule="preserve_total"` lowers the per-worker request of an instance that
+            gains workers (it keeps the instance's total batch).
         shrink_hysteresis (`float`, *optional*, defaults to `0.5`):
             See `batch_size_shrink`; in (0, 1].
         batch_size_floor (`int`, *optional*):
