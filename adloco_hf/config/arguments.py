@@ -177,8 +177,8 @@ class AdLoCoConfig(WorkerFields, BatchFields, InstanceFields, RoundFields, Train
             statistical efficiency (Pollux): the throughput from the step times the run measures (switch mode's
             passes included) with the round's outer step spread over its inner steps, the efficiency
             (B_noise + M b₀) / (B_noise + M b) of the instance's M workers from the smoothed noise scale
-            (`batch/goodput.py`). Requests only grow
-            unless `batch_size_shrink=True` (then they may fall to `batch_size_floor`); needs a `batch_size_test` that measures (not `"none"`). `batch_size_cap` bounds the
+            (`batch/goodput.py`). Requests only grow unless `batch_size_shrink=True` (then they may fall to
+            `batch_size_floor`); needs a measuring `batch_size_test` (not `"none"`). `batch_size_cap` bounds the
             choice where set; without it the rule bounds its own search where no larger request can win: past it
             even a step with no fixed costs could not make up for the samples' lower worth
             (`GoodputModel.request_bound`).
