@@ -134,7 +134,7 @@ def results_read_without_saying(text: str) -> list[str]:
 
 
 def test_every_docs_block_that_reads_another_benchmarks_results_names_it():
-    """A block that reads another benchmark's results (goodput_report reads links' and convergence's) says that a run
+    """A block that reads another benchmark's results (`device_profile --throughput` reads gpu_bench's) says that a run
     of them comes first."""
     pages = glob.glob(os.path.join(DOCS, "*.md")) + glob.glob(
         os.path.join(REPO, "recipes", "**", "*.md"), recursive=True
@@ -144,8 +144,9 @@ def test_every_docs_block_that_reads_another_benchmarks_results_names_it():
 
 
 def test_the_check_of_blocks_that_read_results_can_fail():
-    block = "```bash\npython -m recipes.benchmarks.goodput_report --links outputs/benchmarks/links/results.json\n```\n"
-    assert results_read_without_saying("Replays a run.\n\n" + block) == ["outputs/benchmarks/links/results.json"]
-    assert results_read_without_saying("Needs `recipes.benchmarks.links`' results first.\n\n" + block) == []
+    read = "outputs/benchmarks/gpu_bench/throughput.json"
+    block = f"```bash\npython -m recipes.benchmarks.device_profile --throughput {read}\n```\n"
+    assert results_read_without_saying("Replays a run.\n\n" + block) == [read]
+    assert results_read_without_saying("Needs `recipes.benchmarks.gpu_bench`'s results first.\n\n" + block) == []
     made = "```bash\npython -m x --output_dir outputs/benchmarks/p\npython -m y --profile outputs/benchmarks/p/r.json\n```"
     assert results_read_without_saying(made) == []

@@ -243,7 +243,7 @@ def test_the_docs_commands_are_found():
     assert {
         "recipes.benchmarks.convergence",
         "recipes.benchmarks.links",
-        "recipes.benchmarks.goodput_report",
+        "recipes.benchmarks.device_profile",
     } <= scripts
     assert {"python", "accelerate"} <= {run.launcher for run in RUNS}
     assert len(RUNS) >= 25, [str(run.command) for run in RUNS]
