@@ -8,6 +8,7 @@ What the test suite and the benchmarks share, so the launch command is written o
 | [`launch_command`] | the `accelerate launch --multi_gpu` command line of N worker processes (a script or a module) |
 | [`run_workers`] | runs such a command with a timeout, kills every worker when it expires, returns or raises with their output |
 | [`tiny_llama_config`], [`tiny_llama`] | a Llama small enough to train in seconds on a CPU, built from a seed |
+| [`sequence_dataset`] | learnable data for it: arithmetic sequences modulo its vocabulary, the same for a seed |
 
 **CPU workers.** On a machine without a GPU, `accelerate launch --multi_gpu --num_processes N` plus
 `TrainingArguments(use_cpu=True)` (or `AdLoCoConfig(use_cpu=True)`) in the worker gives N processes in one gloo
@@ -17,14 +18,14 @@ sees a world size of 1: a worker should assert `dist.get_world_size()`.
 Example:
 ```python
 >>> from adloco_hf.testing import launch_command, run_workers
->>> command = launch_command("tests/scripts/adloco_worker.py", "spec.json", num_processes=2)
+>>> command = launch_command("recipes.benchmarks.toolkit.worker", "spec.json", num_processes=2, module=True)
 >>> command[1:5]
 ['-m', 'accelerate.commands.launch', '--multi_gpu', '--num_processes']
 >>> result = run_workers(command, timeout=300, cwd=".", pythonpath=["."])  # doctest: +SKIP
 ```
 
-Nothing here imports the trainer: a launcher process stays light, and the model builders import transformers only
-when called.
+Nothing here imports the trainer: a launcher process stays light, and the model and data builders import
+transformers, torch and datasets only when called.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 
 if TYPE_CHECKING:
+    from datasets import Dataset
     from transformers import LlamaConfig, LlamaForCausalLM
 
 
@@ -50,6 +52,7 @@ __all__ = [
     "free_port",
     "launch_command",
     "run_workers",
+    "sequence_dataset",
     "tiny_llama",
     "tiny_llama_config",
 ]
@@ -360,3 +363,20 @@ def tiny_llama(seed: int = 0, **config: Any) -> LlamaForCausalLM:
 
     torch.manual_seed(seed)
     return LlamaForCausalLM(tiny_llama_config(**config))
+
+
+def sequence_dataset(n: int = 512, length: int = 32, vocab_size: int = 64, seed: int = 1) -> Dataset:
+    """`n` arithmetic sequences of `length` tokens modulo `vocab_size` (`input_ids` and `labels` alike): easy to
+    learn, so a [`tiny_llama`]'s loss falls within a few dozen steps. The same rows for a seed (drawn from a generator
+    of their own: torch's global one is left as it was)."""
+    import datasets
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        start = int(torch.randint(0, vocab_size, (1,), generator=generator))
+        step = int(torch.randint(1, 4, (1,), generator=generator))
+        ids = [(start + step * k) % vocab_size for k in range(length)]
+        rows.append({"input_ids": ids, "labels": ids})
+    return datasets.Dataset.from_list(rows)

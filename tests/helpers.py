@@ -1,7 +1,7 @@
 """Shared pieces of the test suite: tiny models built from configs, learnable synthetic data, launching workers.
 
-Launching and the tiny models come from `adloco_hf.testing` (shared with the benchmarks); what is only the tests'
-(the contract keys, the synthetic data) lives here.
+Launching, the tiny models and their arithmetic sequences come from `adloco_hf.testing` (shared with the
+benchmarks); what is only the tests' (the contract keys, the other synthetic data) lives here.
 """
 
 import atexit
@@ -14,7 +14,6 @@ import tempfile
 import time
 import types
 
-import datasets
 import huggingface_hub
 import torch
 import warm_launch
@@ -24,7 +23,7 @@ import adloco_hf.presets
 from adloco_hf import AdLoCoConfig, testing
 from adloco_hf.common.clock import Clock
 from adloco_hf.rounds.rules import RoundRules, RoundSettings
-from adloco_hf.testing import WorkersResult, free_port, launch_command, run_workers
+from adloco_hf.testing import WorkersResult, free_port, launch_command, run_workers, sequence_dataset
 from adloco_hf.testing import tiny_llama as tiny_model
 from adloco_hf.testing import tiny_llama_config as tiny_config
 from recipes.benchmarks.toolkit.resumed_runs import RESUMED_ROUND_KEYS
@@ -145,18 +144,6 @@ def tiny_run_config(tmp_path, **overrides) -> AdLoCoConfig:
     most 8, the norm test's requests (`NORM_TEST`); `overrides` (any `AdLoCoConfig` field) replace these."""
     base = dict(TINY_TRAINING, output_dir=str(tmp_path / "out"), inner_steps=6, max_batch_size=8, **NORM_TEST)
     return AdLoCoConfig(**(base | overrides))
-
-
-def sequence_dataset(n: int = 512, length: int = 32, vocab_size: int = 64, seed: int = 1) -> datasets.Dataset:
-    """Arithmetic sequences modulo the vocabulary: easy to learn, so losses fall within a few dozen steps."""
-    generator = torch.Generator().manual_seed(seed)
-    rows = []
-    for _ in range(n):
-        start = int(torch.randint(0, vocab_size, (1,), generator=generator))
-        step = int(torch.randint(1, 4, (1,), generator=generator))
-        ids = [(start + step * k) % vocab_size for k in range(length)]
-        rows.append({"input_ids": ids, "labels": ids})
-    return datasets.Dataset.from_list(rows)
 
 
 def c4_documents(num_documents: int, *, first: int = 0, words: int = 16) -> list[str]:

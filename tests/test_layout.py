@@ -31,12 +31,14 @@ LAYERS = [
     "trainer",
 ]
 # Modules directly in the package: the public names, the old module paths, the recipes' command lines and models,
-# `adloco-hf`'s commands, the test launcher, the benchmarks' inspection surface. They sit above every folder.
+# `adloco-hf`'s commands, the test launcher, the benchmarks' inspection surface and fault points. They sit above every
+# folder.
 TOP = {
     "adloco_hf",
     "adloco_hf._aliases",
     "adloco_hf.cli",
     "adloco_hf.commands",
+    "adloco_hf.fault_points",
     "adloco_hf.inspection",
     "adloco_hf.presets",
     "adloco_hf.testing",
@@ -174,12 +176,14 @@ RECIPES = REPO / "recipes"
 BENCHMARKS = RECIPES / "benchmarks"
 TOOLKIT = "recipes.benchmarks.toolkit"
 # The library as recipes and benchmarks may use it: the public API, the recipes' command lines, models and launcher,
-# the contract paths (DESIGN §3), and the inspection surface for what benchmarks read of the internals.
+# the contract paths (DESIGN §3), the inspection surface for what benchmarks read of the internals, and the fault
+# points the fault benchmarks wrap.
 LIBRARY_SURFACE = {
     "adloco_hf",
     "adloco_hf.batch_size",
     "adloco_hf.cli",
     "adloco_hf.data",
+    "adloco_hf.fault_points",
     "adloco_hf.inspection",
     "adloco_hf.presets",
     "adloco_hf.switch_mode",
@@ -360,6 +364,73 @@ def test_the_private_names_check_finds_each_kind_of_read():
         "probe.py:3 imports the private name recipes.benchmarks.toolkit.results._cell",
         "probe.py:4 imports the private module adloco_hf.data._cache",
         "probe.py:5 reads stats._private",
+    ]
+
+
+# What the test suite's own files would be imported as (`helpers`, a worker script), with tests/ on the path.
+TEST_SUITE_MODULES = {"tests"} | {p.stem for p in (REPO / "tests").rglob("*.py") if not p.stem.startswith("test_")}
+TESTS_PATH = re.compile(r"(^|[/\\])tests([/\\]|$)")
+# The one run of the test suite itself from recipes/: `make gpu-check` runs its CUDA tests as a user would (`pytest -m
+# cuda tests`), the whole suite, not a script or helper of it.
+SUITE_RUNS = {("recipes/benchmarks/gpu_check/steps.py", "tests")}
+
+
+def reaches_into_tests(where: str, name: str, source: str) -> list[str]:
+    """Where module `name` uses the test suite at run time: a string naming a path under tests/ (`"tests"` as a path
+    part, as `os.path.join(REPO, "tests", ...)` or `f"{REPO}/tests/..."` write it) outside a docstring, or an import
+    of a module of tests/ (`helpers`, a worker script). A docstring or a comment may point at a test."""
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    found = [
+        f"{where}:{node.lineno} names the path {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and TESTS_PATH.search(node.value)
+        and (where, node.value) not in SUITE_RUNS
+    ]
+    found += [
+        f"{where}:{node.lineno} imports {module}"
+        for module, _, node in import_statements(name, source)
+        if module.split(".")[0] in TEST_SUITE_MODULES
+    ]
+    return found
+
+
+def test_no_recipes_module_runs_anything_of_the_test_suite(recipe_files):
+    """A benchmark launches and imports only recipes/ and the library: a worker script, a fault hook or a helper it
+    needs lives under recipes/ (the fault benchmarks' worker: `toolkit/worker/`), and the tests reuse it from there."""
+    found = [
+        line
+        for f in recipe_files
+        for line in reaches_into_tests(str(f.relative_to(REPO)), dotted_name(f), f.read_text())
+    ]
+    assert found == [], "\n".join(found)
+
+
+def test_the_test_suite_check_finds_each_kind_of_use():
+    source = (
+        '"""Launches the test suite\'s worker, `tests/scripts/adloco_worker.py`."""\n'
+        "import os\n"
+        "import helpers\n"
+        "from adloco_worker import RecordingTrainer\n"
+        "WORKER = os.path.join(REPO, 'tests', 'scripts', 'adloco_worker.py')\n"
+        "OTHER = f'{REPO}/tests/scripts/restarts.py'\n"
+        "NOT_A_PATH = 'the tests pass'\n"
+    )
+    assert reaches_into_tests("probe.py", "recipes.benchmarks.probe", source) == [
+        "probe.py:5 names the path 'tests'",
+        "probe.py:6 names the path '/tests/scripts/restarts.py'",
+        "probe.py:3 imports helpers",
+        "probe.py:4 imports adloco_worker",
     ]
 
 

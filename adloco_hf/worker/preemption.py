@@ -39,7 +39,7 @@ from ..common.liveness import PeerWatch
 from ..common.pulse import Pulse
 
 
-__all__ = ["Preemption", "TrainingPreempted"]
+__all__ = ["Preemption", "TrainingPreempted", "set_timings", "stop_requested"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,21 @@ _POLL_SECONDS = 1.0  # how often a worker without a signal looks for a request i
 # How long a worker waits for the others to post, beyond two polls and three step times: past it a worker that has not
 # posted is taken to be blocked in another collective, and the run stops at the round's end instead.
 _AGREE_SECONDS = 1.0
+
+
+def set_timings(*, poll_seconds: float | None = None, agree_seconds: float | None = None) -> None:
+    """Shorten the protocol's waits in this process (None: left as they are): fault tests and benchmarks
+    (`adloco_hf.fault_points.set_preemption_timings`, which documents both)."""
+    global _POLL_SECONDS, _AGREE_SECONDS
+    if poll_seconds is not None:
+        _POLL_SECONDS = poll_seconds
+    if agree_seconds is not None:
+        _AGREE_SECONDS = agree_seconds
+
+
+def stop_requested(store) -> bool:
+    """Whether a worker has posted a stop request in the job's store (`adloco_hf.fault_points.stop_requested`)."""
+    return store.check([_REQUEST_KEY])
 
 
 class TrainingPreempted(RuntimeError):

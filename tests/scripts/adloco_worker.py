@@ -15,20 +15,20 @@ final `merged/` save, its weights written but the folder not yet renamed into pl
 `final_gather` (default true: the workers' final weights all-gathered and compared),
 `model` (`tiny_llama_config` overrides: a heavier step), `kills`, `progress` and `phases` (SIGKILLs at chosen points
 of chosen launch attempts, every attempt's start and steps with their wall time, and when each outer step and merge
-begin and end: `scripts/restarts.py`), `slow` ({rank or
-"all": seconds}: a delay per sample inside every inner step of those ranks, a slow worker) and `step_clock`
-(`helpers.StepClock`'s arguments: the goodput rule's step timings from a deterministic clock).
+begin and end: `recipes/benchmarks/toolkit/worker/kills.py`), `slow` ({rank or "all": seconds}: a delay per sample
+inside every inner step of those ranks, a slow worker) and `step_clock` (`helpers.StepClock`'s arguments: the goodput
+rule's step timings from a deterministic clock). The faults (`nan`, `fail`, `kill_in_save`, `hang_in_save`,
+`disk_full`, `kill_in_merged_save`, `slow`, `sigterm`, `preemption_poll`, `preemption_agree_seconds`,
+`wait_for_stop_request`) and the kills are the fault benchmarks' own (`recipes/benchmarks/toolkit/worker/faults.py`,
+`kills.py`), armed here at the same points of the run as there, around this worker's probes.
 Assertions that need several ranks' tensors run here, inside the workers; the test reads the probe files.
 """
 
 import atexit
-import errno
 import hashlib
 import json
 import os
-import signal
 import sys
-import time
 
 import safetensors.torch
 import torch
@@ -39,12 +39,12 @@ from transformers import TrainerCallback, default_data_collator
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from helpers import NORM_TEST, StepClock, flat_params, sequence_dataset, tiny_model  # noqa: E402
 
-import adloco_hf.checkpoint.folders as checkpoint_module  # noqa: E402
 import adloco_hf.instances.merges as merging  # noqa: E402
-import adloco_hf.trainer.staged_save as staged_save  # noqa: E402
-from adloco_hf import AdLoCoConfig, AdLoCoTrainer  # noqa: E402
+from adloco_hf import AdLoCoConfig  # noqa: E402
 from adloco_hf.batch.lr_scaling import lr_factor  # noqa: E402
 from adloco_hf.batch.switch_mode import plan_batch  # noqa: E402
+from recipes.benchmarks.toolkit.worker.faults import FaultyTrainer, arm_faults  # noqa: E402
+from recipes.benchmarks.toolkit.worker.kills import arm_kills, record_phases, record_progress  # noqa: E402
 
 
 def gather_params(model) -> torch.Tensor:
@@ -222,13 +222,9 @@ class EvalProbe(TrainerCallback):
         assert abs(logged - total / count) < 1e-5, (logged, total / count)
 
 
-class RecordingTrainer(AdLoCoTrainer):
-    """Records the batch each inner step really received, and can poison one worker's loss with NaN."""
+class RecordingTrainer(FaultyTrainer):
+    """Records the batch each inner step really received, before the faults of `FaultyTrainer` (NaN, a slow step)."""
 
-    nan_at: tuple[int, int] | None = None  # (rank, global step)
-    nan_onwards = False  # poison every step from nan_at's on (a worker broken for good), not only that one
-
-    slow: dict[str, float] = {}  # rank (or "all") → seconds of delay per sample of every inner step
     collate_log: str | None = None  # record_collate: where the training loader's collations are recorded
 
     def get_train_dataloader(self):
@@ -244,18 +240,7 @@ class RecordingTrainer(AdLoCoTrainer):
         self.seen_batches.append(batch)
         digest = hashlib.sha1(inputs["input_ids"].cpu().numpy().tobytes()).hexdigest()[:16]
         self.seen_inputs[str(self.state.global_step)] = [batch, digest]  # the samples and their order, per step
-        step = self.state.global_step
-        if self.nan_at is not None and self.nan_onwards and self.nan_at[0] == self.args.process_index:
-            step = min(step, self.nan_at[1])
-        if self.nan_at == (self.args.process_index, step):
-            with torch.no_grad():
-                next(self.model.parameters()).fill_(float("nan"))
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        # A slow worker, the same on every machine: a delay per sample inside the step's measured time.
-        delay = self.slow.get(str(self.args.process_index), self.slow.get("all", 0.0))
-        if delay:
-            time.sleep(delay * batch)
-        return loss
+        return super().training_step(model, inputs, num_items_in_batch)
 
 
 def spy_on_merges(probe_dir: str, rank: int) -> None:
@@ -295,26 +280,6 @@ class FakeHubApi:
         files = sorted(os.listdir(folder_path))
         self._record({"call": "upload_folder", "repo_id": repo_id, "path_in_repo": path_in_repo, "files": files})
         return "commit"
-
-
-def fill_disk(trainer, model, rank: int, full_rank: int, full_step: int, target: str) -> None:
-    """From `full_step` on, `target` fails on `full_rank` as it does on a full disk: `torch.save` with the C++
-    stream's RuntimeError, `save_pretrained` with OSError(ENOSPC). Nothing on the machine's disk is touched."""
-    if rank != full_rank:
-        return
-
-    def failing(original, error):
-        def write(*args, **kwargs):
-            if trainer.state.global_step >= full_step:
-                raise error
-            return original(*args, **kwargs)
-
-        return write
-
-    if target == "torch.save":
-        torch.save = failing(torch.save, RuntimeError("basic_ios::clear: iostream error"))
-    else:
-        model.save_pretrained = failing(model.save_pretrained, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
 
 
 class CollateRecorder:
@@ -409,13 +374,6 @@ def streamed_data(stream: dict, *, with_eval: bool):
     return PackedStream(documents, tokenizer, block_size=stream["block_size"]), None
 
 
-def hang() -> None:
-    """Hang for good, but die on the launcher's SIGTERM: the library's handler only raises a flag (the run stops at
-    the next step), which a hung worker never reaches, so torchrun would wait its 30 s before SIGKILL."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    time.sleep(3600)
-
-
 def record_exit_state(path: str) -> None:
     """Registered before training, so it runs after the library's own exit hook (atexit is last in, first out)."""
     with open(path, "w") as f:
@@ -463,43 +421,6 @@ def main() -> None:
     trainer = RecordingTrainer(model=model, args=args, train_dataset=data, eval_dataset=eval_data)
     if spec.get("record_collate"):
         trainer.collate_log = os.path.join(probe_dir, f"collate-rank{rank}.jsonl")
-    if spec.get("kill_in_save") is not None:
-        kill_step, original_save = spec["kill_in_save"], staged_save.save_rank_state
-
-        def dying_save(checkpoint_dir, save_rank, state):
-            if save_rank == 0 and trainer.state.global_step == kill_step:
-                os._exit(9)  # killed in the middle of writing the checkpoint
-            return original_save(checkpoint_dir, save_rank, state)
-
-        staged_save.save_rank_state = dying_save
-    if spec.get("hang_in_save") is not None:
-        hang_rank, hang_step = spec["hang_in_save"]
-        saving = staged_save.save_rank_state
-
-        def hanging_save(checkpoint_dir, save_rank, state):
-            if save_rank == hang_rank and trainer.state.global_step == hang_step:
-                hang()  # hung in the middle of writing the checkpoint (never comes back)
-            return saving(checkpoint_dir, save_rank, state)
-
-        staged_save.save_rank_state = hanging_save
-    if spec.get("disk_full") is not None:
-        fill_disk(trainer, model, rank, *spec["disk_full"])
-    if spec.get("kill_in_merged_save"):
-        original_folder_save = checkpoint_module.save_model_folder
-
-        def dying_folder_save(folder, model, **kwargs):
-            if os.path.basename(os.path.normpath(folder)) != "merged":
-                return original_folder_save(folder, model, **kwargs)
-            with checkpoint_module.atomic_directory(folder) as tmp:
-                model.save_pretrained(tmp, state_dict=kwargs.get("state_dict"), is_main_process=True)
-                os._exit(1)  # killed with the weights written, before the folder is renamed into place
-
-        checkpoint_module.save_model_folder = dying_folder_save  # what save_global_weights calls
-    if spec.get("slow"):
-        trainer.slow = {str(key): float(value) for key, value in spec["slow"].items()}
-    if spec.get("nan"):
-        trainer.nan_at = tuple(spec["nan"][:2])  # [rank, step] or [rank, step, "onwards"]
-        trainer.nan_onwards = spec["nan"][2:] == ["onwards"]
     before = BeforeSync(trainer, spec)
     after = AfterSync(trainer, before, spec)
     if spec.get("probes", True):  # the probes' own collectives would block on a lost worker first
@@ -513,50 +434,7 @@ def main() -> None:
     in_worker = InWorker(trainer)
     if args.processes_per_worker > 1 and spec.get("probes", True):
         trainer.add_callback(in_worker)
-    if spec.get("fail") is not None:
-        fail_rank, fail_step, how = spec["fail"]  # how: an exit code, or "hang"
-
-        class Fail(TrainerCallback):
-            def on_step_begin(self, args, state, control, **kwargs):
-                if fail_rank in (rank, "all") and state.global_step == fail_step:
-                    if how == "hang":
-                        hang()
-                    os._exit(int(how))
-
-        trainer.add_callback(Fail())
-    if spec.get("preemption_poll") is not None:  # look for a stop request after every step, not once a second
-        import adloco_hf.worker.preemption as preemption
-
-        preemption._POLL_SECONDS = spec["preemption_poll"]
-    if spec.get("preemption_agree_seconds") is not None:  # no fallback to the round's end for a slow machine
-        import adloco_hf.worker.preemption as preemption
-
-        preemption._AGREE_SECONDS = spec["preemption_agree_seconds"]
-    if spec.get("wait_for_stop_request") is not None:
-        import adloco_hf.worker.preemption as preemption
-
-        wait_rank, wait_step = spec["wait_for_stop_request"]
-
-        class WaitForStopRequest(TrainerCallback):
-            """Hold this worker before a step until another worker has asked to stop: the order of events that a
-            cut inside the round needs happens on every machine, however busy."""
-
-            def on_step_begin(self, args, state, control, **kwargs):
-                if rank == wait_rank and state.global_step == wait_step:
-                    store = dist.distributed_c10d._get_default_store()
-                    while not store.check([preemption._REQUEST_KEY]):
-                        time.sleep(0.01)
-
-        trainer.add_callback(WaitForStopRequest())
-    if spec.get("sigterm") is not None:
-        signal_rank, signal_step, target = spec["sigterm"]  # target: "self" or "launcher" (accelerate's agent)
-
-        class Preempt(TrainerCallback):
-            def on_step_begin(self, args, state, control, **kwargs):
-                if signal_rank in (rank, "all") and state.global_step == signal_step:
-                    os.kill(os.getpid() if target == "self" else os.getppid(), signal.SIGTERM)
-
-        trainer.add_callback(Preempt())
+    arm_faults(trainer, model, spec, rank)  # after the probes: their callbacks run first
     if spec.get("record_passes"):
         trainer.add_callback(PassRecorder(trainer, os.path.join(probe_dir, f"passes-rank{rank}.jsonl")))
     if spec.get("record_documents"):
@@ -564,18 +442,12 @@ def main() -> None:
     if spec.get("probe_resume"):
         trainer.add_callback(ResumeProbe(trainer, os.path.join(probe_dir, f"resume-rank{rank}.safetensors")))
     if spec.get("kills") is not None:
-        from restarts import arm_kills
-
-        arm_kills(trainer, spec["kills"], rank, probe_dir, spec.get("hold_for_signal"))
+        arm_kills(trainer, spec["kills"], rank, spec.get("hold_for_signal"))
     if spec.get("step_clock") is not None:  # batch_size_target="goodput" timed by a deterministic clock
         StepClock(**spec["step_clock"]).install(trainer)
     if spec.get("progress"):  # after the trainer's own callbacks: a step is recorded once its round's end has run
-        from restarts import record_progress
-
         record_progress(trainer, rank, probe_dir)
     if spec.get("phases"):  # when each outer step and merge begin and end (the netfaults benchmark's triggers)
-        from restarts import record_phases
-
         record_phases(trainer, rank, probe_dir)
     trainer.train(resume_from_checkpoint=spec.get("resume"))
     final = flat_params(trainer.model)

@@ -1,6 +1,7 @@
 """A killed worker costs one checkpoint interval, not a person: real launches with `--max_restarts`, workers killed
-with SIGKILL at chosen points of chosen attempts (`scripts/restarts.py`), each attempt resuming with
-`train(resume_from_checkpoint="auto")`, and the run ending by itself with the uninterrupted run's merged model.
+with SIGKILL at chosen points of chosen attempts (`recipes/benchmarks/toolkit/worker/kills.py`), each attempt
+resuming with `train(resume_from_checkpoint="auto")`, and the run ending by itself with the uninterrupted run's merged
+model.
 
 Both elastic launchers our users reach for: `accelerate launch --max_restarts` (static rendezvous) and `torchrun
 --rdzv-backend c10d --max-restarts`. Both keep one store for every attempt (`adloco_hf/config/restart.py`): without

@@ -13,8 +13,9 @@ made. One benchmark, three families, each its own subpackage, table and files:
     python -m recipes.benchmarks.faults soak --minutes 1 --kill_every 20 --kills 2 --output_dir outputs/fault_soak_smoke
     sudo .venv/bin/python -m recipes.benchmarks.faults network --doc docs/faults.md
 
-Every family launches the same worker (`worker.py`: the test suite's fault-injecting `tests/scripts/adloco_worker.py`)
-and the soak and network families watch it through the same progress files (`progress.py`).
+Every family launches the same worker (`worker.py`: the benchmark worker with a spec of kind "faults",
+`recipes/benchmarks/toolkit/worker/fault_run.py`, which injects the faults by name) and the soak and network families
+watch it through the same progress files (`progress.py`).
 """
 
 from recipes.benchmarks.faults.cli import FAMILIES, main, parse_args

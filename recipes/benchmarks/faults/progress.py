@@ -7,7 +7,7 @@ __all__ = ["Progress", "thin_timeline"]
 
 
 class Progress:
-    """The workers' `progress-rank{R}.jsonl` (`tests/scripts/restarts.py`'s ProgressRecorder), read as they grow:
+    """The workers' `progress-rank{R}.jsonl` (`toolkit/worker/kills.py`'s ProgressRecorder), read as they grow:
     `starts[attempt][rank]` = the step it resumed from; `steps[attempt][rank]` = [(step, time)]."""
 
     def __init__(self, probe: str, world_size: int):

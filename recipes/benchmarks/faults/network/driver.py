@@ -18,9 +18,9 @@ __all__ = ["Watched", "event_time", "run_scenario", "worker_spec"]
 
 
 def worker_spec(out: str, probe: str, scenario: Scenario, config: dict, world_size: int) -> dict:
-    """The spec of `tests/scripts/adloco_worker.py`: resume automatically, record steps and phases, no probes (their
-    own gathers would meet a lost worker before the library does), fresh data throughout."""
-    config = {"output_dir": out, **config, **scenario.config}
+    """The fault run's spec (`toolkit/worker/fault_run.py`): resume automatically, record steps and phases, fresh
+    data throughout."""
+    config = {**config, **scenario.config}
     sizes = [world_size - 1, world_size] if scenario.launcher == "torchrun" else [world_size]
     return {
         "output_dir": out,
@@ -29,11 +29,9 @@ def worker_spec(out: str, probe: str, scenario: Scenario, config: dict, world_si
         "config": config,
         "dropout": 0.1,
         "model": {"hidden_size": 256, "layers": 4},
-        "probes": False,
         "resume": "auto",
         "progress": True,
         "phases": True,
-        "final_gather": False,  # every weight over a 1 Mbit/s link would outlast ddp_timeout after the run
         "num_samples": config["max_steps"] * config["batch_size_cap"] * world_size,
     }
 

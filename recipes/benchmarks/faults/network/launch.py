@@ -3,20 +3,19 @@
 Machine K runs, in namespace K, either `accelerate launch --num_machines 4 --machine_rank K --max_restarts N`
 (static rendezvous at machine 0: a restart waits for every machine) or `torchrun --nnodes 3:4 --rdzv-backend c10d
 --max-restarts N` (a restart goes on with the machines that join within the rendezvous' last call), with
-`GLOO_SOCKET_IFNAME` set to its end of the link. Every machine runs the test suite's worker
-(`tests/scripts/adloco_worker.py`) with `resume_from_checkpoint="auto"`, recording its steps and the phases of its
-rounds. Each launch's output goes to `launch-machine{K}.log`, whose lines this process reads as they come and stamps
-with the time it read them (every `POLL_SECONDS`).
+`GLOO_SOCKET_IFNAME` set to its end of the link. Every machine runs the benchmark worker's fault run
+(`recipes/benchmarks/toolkit/worker/fault_run.py`, one spec file for all) with `resume_from_checkpoint="auto"`,
+recording its steps and the phases of its rounds. Each launch's output goes to `launch-machine{K}.log`, whose lines
+this process reads as they come and stamps with the time it read them (every `POLL_SECONDS`).
 """
 
-import json
 import os
 import sys
 import threading
 import time
 
 from adloco_hf.testing import launch_command
-from recipes.benchmarks.faults.worker import WORKER, run_launch
+from recipes.benchmarks.faults.worker import WORKER_MODULE, run_launch, write_spec
 from recipes.benchmarks.toolkit.paths import OFFLINE
 from recipes.benchmarks.toolkit.testbed import LinkPlan, kill_namespace_processes
 
@@ -40,9 +39,10 @@ JOIN_SECONDS = 240
 
 
 def torchrun_command(
-    plan: LinkPlan, k: int, spec_json: str, port: int, run_id: str, max_restarts: int, script: str = WORKER
+    plan: LinkPlan, k: int, argument: str, port: int, run_id: str, max_restarts: int, script: str | None = None
 ) -> list[str]:
-    """Machine K's `torchrun` of an elastic run: at least `plan.workers - 1` machines, at most `plan.workers`.
+    """Machine K's `torchrun` of an elastic run: at least `plan.workers - 1` machines, at most `plan.workers`; each
+    worker runs `script` (default: the module `WORKER_MODULE`) with `argument` (the spec file's path).
 
     In a namespace the host name resolves to the loopback (`socket.getfqdn()` is `localhost`), which torchrun uses
     twice unless told otherwise: machine 0 hosts the rendezvous store (`is_host`: torchrun would look for the
@@ -57,20 +57,20 @@ def torchrun_command(
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{plan.address(0)}:{port}", "--rdzv-id", run_id,
         "--rdzv-conf", conf, "--local-addr", plan.address(k),
         "--max-restarts", str(max_restarts), "--monitor-interval", "1",
-        script, spec_json,
+        *(["--module", WORKER_MODULE] if script is None else [script]), argument,
     ]  # fmt: skip
 
 
 def machine_command(
-    plan: LinkPlan, k: int, launcher: str, spec_json: str, port: int, run_id: str, max_restarts: int = MAX_RESTARTS
+    plan: LinkPlan, k: int, launcher: str, spec_path: str, port: int, run_id: str, max_restarts: int = MAX_RESTARTS
 ) -> list[str]:
-    """Machine K's launch, in its namespace."""
+    """Machine K's launch of `WORKER_MODULE` with the spec file `spec_path`, in its namespace."""
     if launcher == "torchrun":
-        inner = torchrun_command(plan, k, spec_json, port, run_id, max_restarts)
+        inner = torchrun_command(plan, k, spec_path, port, run_id, max_restarts)
     else:
         inner = launch_command(
-            WORKER, spec_json, num_processes=plan.workers, num_machines=plan.workers, machine_rank=k,
-            main_process_ip=plan.address(0), main_process_port=port, max_restarts=max_restarts,
+            WORKER_MODULE, spec_path, num_processes=plan.workers, num_machines=plan.workers, machine_rank=k,
+            main_process_ip=plan.address(0), main_process_port=port, max_restarts=max_restarts, module=True,
         )  # fmt: skip
     return ["ip", "netns", "exec", plan.namespace(k), *inner]
 
@@ -116,13 +116,13 @@ class Machines:
 
         self.plan, self.folder = plan, folder
         os.makedirs(folder, exist_ok=True)
-        spec_json, port = json.dumps(spec), free_port()
+        spec_path, port = write_spec(spec), free_port()  # one spec file, read by every machine
         self.logs = LogLines([os.path.join(folder, f"launch-machine{k}.log") for k in range(plan.workers)])
         self.codes: list[int | None] = [None] * plan.workers
         self.started = time.time()
         self.threads = []
         for k in range(plan.workers):
-            command = machine_command(plan, k, launcher, spec_json, port, run_id)
+            command = machine_command(plan, k, launcher, spec_path, port, run_id)
             env = machine_env(plan, k, launcher)
             thread = threading.Thread(target=self._run, args=(k, command, env, timeout), daemon=True)
             thread.start()

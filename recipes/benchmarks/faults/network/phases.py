@@ -1,7 +1,8 @@
 """The workers' phase files read as they grow: when each worker's outer steps and merges began and ended.
 
-`tests/scripts/restarts.py`'s `record_phases` appends `{"attempt", "phase", "edge", "step", "time"}` to
-`phases-rank{R}.jsonl` around every outer step (`"outer"`: the pseudo-gradient's all-reduce) and merge (`"merge"`).
+`recipes/benchmarks/toolkit/worker/kills.py`'s `record_phases` appends `{"attempt", "phase", "edge", "step",
+"time"}` to `phases-rank{R}.jsonl` around every outer step (`"outer"`: the pseudo-gradient's all-reduce) and merge
+(`"merge"`).
 """
 
 from recipes.benchmarks.toolkit.rank_files import RankFiles

@@ -26,9 +26,9 @@ __all__ = [
 ]
 
 LAUNCHERS = ("accelerate", "torchrun")
-# The runs' settings (`tests/scripts/adloco_worker.py`'s AdLoCoConfig overrides): 4 workers in 2 instances that merge
-# once, after round 3, into one instance of 4 (whose outer all-reduce is then the whole world's); a checkpoint every
-# 2 rounds. The timeouts are the library's defaults: what a user gets.
+# The runs' settings (the AdLoCoConfig overrides of `toolkit/worker/fault_run.py`): 4 workers in 2 instances that
+# merge once, after round 3, into one instance of 4 (whose outer all-reduce is then the whole world's); a checkpoint
+# every 2 rounds. The timeouts are the library's defaults: what a user gets.
 CONFIG = dict(
     max_steps=80, inner_steps=10, save_steps=20, save_total_limit=3, num_instances=2, merge_every=3,
     per_device_train_batch_size=2, max_batch_size=4, batch_size_cap=4, eta=0.5, seed=3, optim="adamw_torch",

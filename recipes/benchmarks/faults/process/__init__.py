@@ -1,7 +1,7 @@
 """Fault injection: what each failure does to a real 2-worker AdLoCo run, and whether resuming gives the same model.
 
-Every scenario launches real CPU workers (`accelerate launch --multi_gpu`, gloo) running the test suite's fault-
-injecting worker (`tests/scripts/adloco_worker.py`: a tiny Llama with attention dropout, 2 instances that merge,
+Every scenario launches real CPU workers (`accelerate launch --multi_gpu`, gloo) running the benchmark worker's fault
+run (`recipes/benchmarks/toolkit/worker/fault_run.py`: a tiny Llama with attention dropout, 2 instances that merge,
 growing batches, per-worker learning rates), breaks something, then resumes where the library says to, and compares
 the final merged model with an uninterrupted run's. Prints one table and writes `faults.json` and `faults.png`.
 

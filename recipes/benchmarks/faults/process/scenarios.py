@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from adloco_hf.testing import launch_command
-from recipes.benchmarks.faults.worker import WORKER, run_launch
+from recipes.benchmarks.faults.worker import WORKER_MODULE, run_launch, write_spec
 from recipes.benchmarks.toolkit.resumed_runs import merged_weights
 
 
@@ -35,16 +35,11 @@ class Outcome:
 
 
 def launch(out: str, probe: str, *, config: dict | None = None, timeout: int = 300, **extra) -> tuple[bool, str]:
-    """One launch of 2 workers; (succeeded, the workers' output)."""
-    spec = {
-        "output_dir": out,
-        "world_size": 2,
-        "probe_dir": probe,
-        "config": {"output_dir": out, **CONFIG, **(config or {})},
-        "dropout": 0.1,
-        **extra,
-    }
-    command = launch_command(WORKER, json.dumps(spec), num_processes=2)
+    """One launch of 2 workers (`extra`: the fault run's own spec keys, its faults among them); (succeeded, the
+    workers' output)."""
+    config = {**CONFIG, **(config or {})}
+    spec = {"output_dir": out, "world_size": 2, "probe_dir": probe, "config": config, "dropout": 0.1, **extra}
+    command = launch_command(WORKER_MODULE, write_spec(spec), num_processes=2, module=True)
     result = run_launch(command, timeout=timeout, check=False)
     return result.returncode == 0, result.stdout + result.stderr
 
@@ -136,9 +131,8 @@ def scenario_kill_all(bench: Bench) -> Outcome:
 
 
 def scenario_kill_one(bench: Bench) -> Outcome:
-    # probes=False: the test probes' own per-step gathers would meet the lost worker before the library does.
     return bench.break_and_resume("kill_one", "kill -9 of rank 1 at step 12", 12,
-                                  says("WorkerTimeoutError", "did not arrive"), fail=[1, 12, 9], probes=False)  # fmt: skip
+                                  says("WorkerTimeoutError", "did not arrive"), fail=[1, 12, 9])  # fmt: skip
 
 
 def scenario_kill_in_save(bench: Bench) -> Outcome:
@@ -175,7 +169,7 @@ def scenario_sigterm_launcher(bench: Bench) -> Outcome:
 def scenario_sigterm_cut(bench: Bench) -> Outcome:
     config = {"inner_steps": 10, "preemption_grace_seconds": 0}
     return _sigterm(bench, "sigterm_cut", "SIGTERM, no grace: cut inside the round (H=10)", [0, 12, "self"],
-                    config=config, probes=False, preemption_poll=0)  # fmt: skip
+                    config=config, preemption_poll=0)  # fmt: skip
 
 
 def scenario_truncated_checkpoint(bench: Bench) -> Outcome:
@@ -225,7 +219,7 @@ def scenario_disk_full(bench: Bench) -> Outcome:
 def scenario_nan_worker(bench: Bench) -> Outcome:
     config = {"merge_every": 3, "max_steps": 40}  # more than max_skipped_rounds (3) rounds after the merge
     return bench.break_only("nan_worker", "rank 1 NaN for the whole run", ("SkippedRoundsError:",),
-                            config=config, nan=[1, 0, "onwards"], probes=False)  # fmt: skip
+                            config=config, nan=[1, 0, "onwards"])  # fmt: skip
 
 
 SCENARIOS: dict[str, Callable[[Bench], Outcome]] = {

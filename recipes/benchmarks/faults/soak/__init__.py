@@ -1,12 +1,12 @@
 """Fault soak: 4 workers under `accelerate launch --max_restarts`, a random worker SIGKILLed every few minutes.
 
-The workers run the test suite's worker (`tests/scripts/adloco_worker.py`: a tiny Llama with attention dropout 0.1, 2
-instances that merge, growing batches, per-worker learning rates, fresh data throughout) and resume with
-`train(resume_from_checkpoint="auto")`: the newest intact checkpoint, else a fresh start. This driver, outside the
-workers as a real preemption would be, kills a random worker with SIGKILL about every `--kill_every` seconds of
-training; the launcher restarts all 4 and the run goes on by itself. An uninterrupted run of the same config runs
-first, for the comparison. Prints one table and writes `fault_soak.json` and `fault_soak.png` (step against wall
-time of both runs, the kills marked).
+The workers run the benchmark worker's fault run (`recipes/benchmarks/toolkit/worker/fault_run.py`: a tiny Llama
+with attention dropout 0.1, 2 instances that merge, growing batches, per-worker learning rates, fresh data
+throughout) and resume with `train(resume_from_checkpoint="auto")`: the newest intact checkpoint, else a fresh
+start. This driver, outside the workers as a real preemption would be, kills a random worker with SIGKILL about every
+`--kill_every` seconds of training; the launcher restarts all 4 and the run goes on by itself. An uninterrupted run of
+the same config runs first, for the comparison. Prints one table and writes `fault_soak.json` and `fault_soak.png`
+(step against wall time of both runs, the kills marked).
 
     python -m recipes.benchmarks.faults soak                   # ~15 min of training, a kill every ~3 min (~40 min)
     python -m recipes.benchmarks.faults soak --minutes 1 --kill_every 20 --kills 2 --output_dir outputs/fault_soak_smoke

@@ -1,4 +1,5 @@
-"""The soak's run: 4 workers of the test suite's worker, its config and model, and how many steps make its minutes."""
+"""The soak's run: 4 workers of the fault run (`toolkit/worker/fault_run.py`), its config and model, and how many
+steps make its minutes."""
 
 __all__ = [
     "CONFIG",
@@ -17,7 +18,7 @@ CONFIG = dict(
     max_batch_size=4, batch_size_cap=4, eta=0.5, seed=3, optim="adamw_torch", learning_rate=3e-3,
     lr_batch_scaling="sqrt", worker_timeout=10,
 )  # fmt: skip
-# A Llama of ~2.4 M parameters (the test suite's tiny one takes 20 ms a step: 45,000 steps in 15 minutes).
+# A Llama of ~2.4 M parameters (`tiny_llama`'s default size takes 20 ms a step: 45,000 steps in 15 minutes).
 MODEL = {"hidden_size": 256, "layers": 4}
 # Seconds per inner step of this config on 2 shared CPU cores (4 workers, rounds and merges included), and the
 # seconds before the first step (4 processes importing torch and transformers): measured to size `--minutes`.
@@ -37,16 +38,15 @@ def steps_for(minutes: float, save_steps: int) -> int:
 
 
 def spec(out: str, probe: str, config: dict) -> dict:
-    """The worker's spec (`tests/scripts/adloco_worker.py`): resume automatically, record progress, no probes."""
+    """The fault run's spec (`toolkit/worker/fault_run.py`): resume automatically, record progress."""
     # Fresh data: each worker draws at most batch_size_cap samples per step, so no sample repeats.
     return {
         "output_dir": out,
         "world_size": WORLD_SIZE,
         "probe_dir": probe,
-        "config": {"output_dir": out, **config},
+        "config": config,
         "dropout": 0.1,
         "model": MODEL,
-        "probes": False,  # the probes' own gathers would meet a killed worker before the library does
         "resume": "auto",
         "progress": True,
         "num_samples": config["max_steps"] * config["batch_size_cap"] * WORLD_SIZE,

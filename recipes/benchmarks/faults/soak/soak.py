@@ -1,7 +1,6 @@
 """A launch watched from outside as a real preemption would be: its workers found through the launcher's process
 tree, one SIGKILLed at a random time of each attempt, the launcher left to restart them."""
 
-import json
 import os
 import random
 import shutil
@@ -14,7 +13,7 @@ import psutil
 from adloco_hf.testing import launch_command
 from recipes.benchmarks.faults.progress import Progress
 from recipes.benchmarks.faults.soak.config import WORLD_SIZE, spec
-from recipes.benchmarks.faults.worker import WORKER, run_launch
+from recipes.benchmarks.faults.worker import WORKER_MODULE, run_launch, write_spec
 
 
 __all__ = ["Launch", "soak"]
@@ -27,9 +26,9 @@ class Launch:
         self.out, self.probe = os.path.join(root, name), os.path.join(root, f"{name}-probe")
         for folder in (self.out, self.probe):
             shutil.rmtree(folder, ignore_errors=True)
-        os.makedirs(self.probe)
+        spec_path = write_spec(spec(self.out, self.probe, config))
         command = launch_command(
-            WORKER, json.dumps(spec(self.out, self.probe, config)), num_processes=WORLD_SIZE, max_restarts=max_restarts
+            WORKER_MODULE, spec_path, num_processes=WORLD_SIZE, max_restarts=max_restarts, module=True
         )
         self.progress, self.result, self.log = (
             Progress(self.probe, WORLD_SIZE),

@@ -1,4 +1,5 @@
-"""One worker's run of a method: `accelerate launch ... --module recipes.benchmarks.toolkit.worker SPEC_JSON`."""
+"""One worker's run: `accelerate launch ... --module recipes.benchmarks.toolkit.worker SPEC_JSON`, a training
+method's (`run_method`) or, for a spec of kind "faults", a fault benchmark's (`fault_run.run_faults`)."""
 
 import json
 import os
@@ -13,6 +14,7 @@ from recipes.benchmarks.toolkit.cgroups import join_from_environment
 from recipes.benchmarks.toolkit.data import load_data, make_model
 from recipes.benchmarks.toolkit.traffic import ring_all_reduce_bytes, socket_bytes_sent
 from recipes.benchmarks.toolkit.virtual_clock import clock_from_spec
+from recipes.benchmarks.toolkit.worker import FAULTS
 from recipes.benchmarks.toolkit.worker.arguments import make_arguments
 from recipes.benchmarks.toolkit.worker.callbacks import (
     RoundMarks,
@@ -21,13 +23,22 @@ from recipes.benchmarks.toolkit.worker.callbacks import (
     TokenBudgetStop,
     VirtualRounds,
 )
+from recipes.benchmarks.toolkit.worker.fault_run import run_faults
 from recipes.benchmarks.toolkit.worker.result import shard_epochs, write_result
 from recipes.benchmarks.toolkit.worker.trainers import BenchAdLoCoTrainer, DDPTrainer
+
+
+RUNS = {FAULTS: run_faults}  # by the spec's kind; every other kind is a method (`run_method`)
 
 
 def main() -> None:
     with open(sys.argv[1], encoding="utf-8") as f:
         spec = json.load(f)
+    RUNS.get(spec["kind"], run_method)(spec)
+
+
+def run_method(spec: dict) -> None:
+    """Train one method (`spec["kind"]`: "ddp" or an AdLoCo method) and write its result; exits the process."""
     # A method with a slow worker: the benchmark made a cgroup with a CPU quota, and this rank may be the one in it.
     slowed = join_from_environment(int(os.environ.get("RANK", "0")))
     torch.set_num_threads(spec.get("threads_per_worker", 1))

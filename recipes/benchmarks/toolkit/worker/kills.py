@@ -1,4 +1,5 @@
-"""SIGKILLs at chosen points of chosen launch attempts, for the restart tests (`scripts/adloco_worker.py`'s "kills").
+"""SIGKILLs at chosen points of chosen launch attempts, and the steps and round phases a watcher outside reads: the
+fault run's `kills`, `progress` and `phases` (`fault_run.py`; the test suite's worker arms them the same way).
 
 Each kill is `[attempt, rank, where, step]`: in launch attempt `attempt` (the launcher's `TORCHELASTIC_RESTART_COUNT`)
 worker `rank` kills itself with SIGKILL (no handler runs, nothing is flushed) at `where`:
@@ -11,7 +12,8 @@ With the spec's `"progress": true` every rank appends its attempts' starts (the 
 with the wall time, to `progress-rank{R}.jsonl` (`ProgressRecorder`; read by `recipes/benchmarks/faults/progress.py`'s
 `Progress`): how much work each kill cost, and where each worker stopped. With `"phases": true` it also appends, to
 `phases-rank{R}.jsonl`, when each round's outer step and each merge begin and end (`record_phases`): the
-network fault benchmark (`faults network`) cuts a link in the middle of one.
+network fault benchmark (`faults network`) cuts a link in the middle of one. The library's functions wrapped are its
+fault points (`adloco_hf.fault_points`).
 """
 
 import json
@@ -21,14 +23,18 @@ import time
 
 from transformers import TrainerCallback
 
-import adloco_hf.instances.merges as merging
-import adloco_hf.trainer.staged_save as staged_save
-from adloco_hf.worker.outer_sync import OuterSync
-from adloco_hf.worker.round_end import RoundEnd
+from adloco_hf import fault_points
+
+
+__all__ = ["HoldForSignal", "ProgressRecorder", "arm_kills", "record_phases", "record_progress"]
 
 
 def _die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _attempt() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 class HoldForSignal(TrainerCallback):
@@ -51,7 +57,7 @@ class ProgressRecorder(TrainerCallback):
     callbacks. `attempt` is the launcher's `TORCHELASTIC_RESTART_COUNT`; `time` is `time.time()`."""
 
     def __init__(self, path: str):
-        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.attempt = _attempt()
         self.file = open(path, "a", encoding="utf-8")
 
     def _write(self, **entry) -> None:
@@ -75,7 +81,7 @@ def record_progress(trainer, rank: int, probe_dir: str) -> None:
 def record_phases(trainer, rank: int, probe_dir: str) -> None:
     """Append `{"attempt", "phase": "outer" | "merge", "edge": "begin" | "end", "step", "time"}` to
     `phases-rank{R}.jsonl`, flushed at once, around this worker's outer step (its all-reduce) and every merge."""
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    attempt = _attempt()
     file = open(os.path.join(probe_dir, f"phases-rank{rank}.jsonl"), "a", encoding="utf-8")
 
     def mark(phase: str, edge: str) -> None:
@@ -83,23 +89,26 @@ def record_phases(trainer, rank: int, probe_dir: str) -> None:
         file.write(json.dumps({**entry, "time": time.time()}) + "\n")
         file.flush()
 
-    def around(phase, original):
-        def marked(*args, **kwargs):
-            mark(phase, "begin")
-            result = original(*args, **kwargs)
-            mark(phase, "end")
-            return result
+    def around(phase):
+        def wrapper(original):
+            def marked(*args, **kwargs):
+                mark(phase, "begin")
+                result = original(*args, **kwargs)
+                mark(phase, "end")
+                return result
 
-        return marked
+            return marked
 
-    OuterSync.round_end = around("outer", OuterSync.round_end)
-    merging.merge_at_round_end = around("merge", merging.merge_at_round_end)
+        return wrapper
+
+    fault_points.wrap("outer_step", around("outer"))
+    fault_points.wrap("merge_at_round_end", around("merge"))
 
 
-def arm_kills(trainer, kills: list, rank: int, probe_dir: str, hold_for_signal: list | None = None) -> None:
+def arm_kills(trainer, kills: list, rank: int, hold_for_signal: list | None = None) -> None:
     """`kills` as in the module docstring; `hold_for_signal` = [attempt, rank, step]: that worker waits for a signal
     after `step` steps of that attempt (`HoldForSignal`)."""
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    attempt = _attempt()
     if hold_for_signal is not None and hold_for_signal[:2] == [attempt, rank]:
         trainer.add_callback(HoldForSignal(trainer, hold_for_signal[2]))
     mine = {where: step for a, r, where, step in kills if a == attempt and r == rank}
@@ -113,39 +122,47 @@ def arm_kills(trainer, kills: list, rank: int, probe_dir: str, hold_for_signal: 
 
         trainer.add_callback(KillBeforeStep())
     if "round_end" in mine:
-        end_round = RoundEnd.run
 
-        def dying_end_round(self, global_step):
-            if global_step == mine["round_end"]:
-                _die()
-            return end_round(self, global_step)
+        def dying_round_end(end_round):
+            def dying(self, global_step):
+                if global_step == mine["round_end"]:
+                    _die()
+                return end_round(self, global_step)
 
-        RoundEnd.run = dying_end_round
+            return dying
+
+        fault_points.wrap("round_end", dying_round_end)
     if "save" in mine:
-        save = staged_save.save_rank_state
 
-        def dying_save(checkpoint_dir, save_rank, state):
-            if step_of() == mine["save"]:
-                with open(os.path.join(checkpoint_dir, f"half-written-rank{save_rank}"), "wb") as f:
-                    f.write(b"\0" * 1024)
-                _die()
-            return save(checkpoint_dir, save_rank, state)
+        def dying_save(save):
+            def dying(checkpoint_dir, save_rank, state):
+                if step_of() == mine["save"]:
+                    with open(os.path.join(checkpoint_dir, f"half-written-rank{save_rank}"), "wb") as f:
+                        f.write(b"\0" * 1024)
+                    _die()
+                return save(checkpoint_dir, save_rank, state)
 
-        staged_save.save_rank_state = dying_save
+            return dying
+
+        fault_points.wrap("save_rank_state", dying_save)
     if "merge" in mine:
-        merge = merging.merge_at_round_end
 
-        def dying_merge(*args, **kwargs):
-            if step_of() == mine["merge"]:
-                _die()
-            return merge(*args, **kwargs)
+        def dying_merge(merge):
+            def dying(*args, **kwargs):
+                if step_of() == mine["merge"]:
+                    _die()
+                return merge(*args, **kwargs)
 
-        merging.merge_at_round_end = dying_merge
+            return dying
+
+        fault_points.wrap("merge_at_round_end", dying_merge)
     if "final_merge" in mine:
-        final_merge = merging.final_merge
 
-        def dying_final_merge(*args, **kwargs):
-            _die()
-            return final_merge(*args, **kwargs)
+        def dying_final_merge(final_merge):
+            def dying(*args, **kwargs):
+                _die()
+                return final_merge(*args, **kwargs)
 
-        merging.final_merge = dying_final_merge
+            return dying
+
+        fault_points.wrap("final_merge", dying_final_merge)
