@@ -36,7 +36,7 @@ from transformers import TrainerCallback
 from adloco_hf import AdLoCoTrainer, fault_points
 
 
-__all__ = ["FAULT_KEYS", "FaultyTrainer", "arm_faults", "fill_disk", "hang"]
+__all__ = ["FAULT_KEYS", "FaultyTrainer", "act_before", "arm_faults", "fill_disk", "hang"]
 
 # The spec keys `arm_faults` reads.
 FAULT_KEYS = (
@@ -128,32 +128,32 @@ def arm_faults(trainer: FaultyTrainer, model, spec: dict, rank: int) -> None:
         trainer.add_callback(_Preempt(rank, *spec["sigterm"]))
 
 
+def act_before(point: str, when, act) -> None:
+    """Wrap the library's fault point `point` (`adloco_hf.fault_points`): with its arguments, `act(...)` runs first
+    whenever `when(...)` holds (a kill, a hang, a half-written file), then the function itself."""
+
+    def wrapper(original):
+        def wrapped(*args, **kwargs):
+            if when(*args, **kwargs):
+                act(*args, **kwargs)
+            return original(*args, **kwargs)
+
+        return wrapped
+
+    fault_points.wrap(point, wrapper)
+
+
 def _arm_saves(trainer, model, spec: dict, rank: int) -> None:
     """The faults inside a save: `kill_in_save`, `hang_in_save`, `disk_full`, `kill_in_merged_save`."""
-    if spec.get("kill_in_save") is not None:
+    step = lambda: trainer.state.global_step  # noqa: E731
+    if spec.get("kill_in_save") is not None:  # killed in the middle of writing the checkpoint
         kill_step = spec["kill_in_save"]
-
-        def dying_save(save):
-            def dying(checkpoint_dir, save_rank, state):
-                if save_rank == 0 and trainer.state.global_step == kill_step:
-                    os._exit(9)  # killed in the middle of writing the checkpoint
-                return save(checkpoint_dir, save_rank, state)
-
-            return dying
-
-        fault_points.wrap("save_rank_state", dying_save)
-    if spec.get("hang_in_save") is not None:
+        act_before("save_rank_state", lambda _, save_rank, __: save_rank == 0 and step() == kill_step,
+                   lambda *_: os._exit(9))  # fmt: skip
+    if spec.get("hang_in_save") is not None:  # hung in the middle of writing the checkpoint (never comes back)
         hang_rank, hang_step = spec["hang_in_save"]
-
-        def hanging_save(save):
-            def hanging(checkpoint_dir, save_rank, state):
-                if save_rank == hang_rank and trainer.state.global_step == hang_step:
-                    hang()  # hung in the middle of writing the checkpoint (never comes back)
-                return save(checkpoint_dir, save_rank, state)
-
-            return hanging
-
-        fault_points.wrap("save_rank_state", hanging_save)
+        act_before("save_rank_state", lambda _, save_rank, __: save_rank == hang_rank and step() == hang_step,
+                   lambda *_: hang())  # fmt: skip
     if spec.get("disk_full") is not None:
         fill_disk(trainer, model, rank, *spec["disk_full"])
     if spec.get("kill_in_merged_save"):

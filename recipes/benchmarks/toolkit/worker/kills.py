@@ -24,6 +24,7 @@ import time
 from transformers import TrainerCallback
 
 from adloco_hf import fault_points
+from recipes.benchmarks.toolkit.worker.faults import act_before
 
 
 __all__ = ["HoldForSignal", "ProgressRecorder", "arm_kills", "record_phases", "record_progress"]
@@ -122,47 +123,16 @@ def arm_kills(trainer, kills: list, rank: int, hold_for_signal: list | None = No
 
         trainer.add_callback(KillBeforeStep())
     if "round_end" in mine:
-
-        def dying_round_end(end_round):
-            def dying(self, global_step):
-                if global_step == mine["round_end"]:
-                    _die()
-                return end_round(self, global_step)
-
-            return dying
-
-        fault_points.wrap("round_end", dying_round_end)
+        act_before("round_end", lambda _, global_step: global_step == mine["round_end"], lambda *_: _die())
     if "save" in mine:
 
-        def dying_save(save):
-            def dying(checkpoint_dir, save_rank, state):
-                if step_of() == mine["save"]:
-                    with open(os.path.join(checkpoint_dir, f"half-written-rank{save_rank}"), "wb") as f:
-                        f.write(b"\0" * 1024)
-                    _die()
-                return save(checkpoint_dir, save_rank, state)
+        def half_written(checkpoint_dir, save_rank, state):
+            with open(os.path.join(checkpoint_dir, f"half-written-rank{save_rank}"), "wb") as f:
+                f.write(b"\0" * 1024)
+            _die()
 
-            return dying
-
-        fault_points.wrap("save_rank_state", dying_save)
+        act_before("save_rank_state", lambda *_: step_of() == mine["save"], half_written)
     if "merge" in mine:
-
-        def dying_merge(merge):
-            def dying(*args, **kwargs):
-                if step_of() == mine["merge"]:
-                    _die()
-                return merge(*args, **kwargs)
-
-            return dying
-
-        fault_points.wrap("merge_at_round_end", dying_merge)
+        act_before("merge_at_round_end", lambda *_, **__: step_of() == mine["merge"], lambda *_, **__: _die())
     if "final_merge" in mine:
-
-        def dying_final_merge(final_merge):
-            def dying(*args, **kwargs):
-                _die()
-                return final_merge(*args, **kwargs)
-
-            return dying
-
-        fault_points.wrap("final_merge", dying_final_merge)
+        act_before("final_merge", lambda *_, **__: True, lambda *_, **__: _die())
