@@ -36,6 +36,7 @@ __all__ = [
     "adam_hyperparameters",
     "apply_adam_scaling",
     "apply_lr_factor",
+    "batch_ratio",
     "check_adam_optimizer",
     "check_scheduler",
     "lr_factor",
@@ -47,22 +48,35 @@ logger = get_logger(__name__)
 _clipped: set[str] = set()  # the betas whose clipping was already reported by this process
 
 
-def lr_factor(rule: str, batch_size: int, initial_batch_size: int) -> float:
-    """The learning-rate multiplier of a step of `batch_size` samples for a run that started at `initial_batch_size`.
+def batch_ratio(batch_size: int, initial_batch_size: int) -> float:
+    """κ: a step's batch of `batch_size` samples over the initial request `initial_batch_size` (both >= 1).
 
     Example:
     ```python
-    >>> lr_factor("sqrt", 16, 4)
+    >>> batch_ratio(16, 4)
+    4.0
+    ```
+    """
+    if batch_size < 1 or initial_batch_size < 1:
+        raise ValueError(f"batch sizes must be >= 1, got {batch_size} and {initial_batch_size}")
+    return batch_size / initial_batch_size
+
+
+def lr_factor(rule: str, ratio: float) -> float:
+    """The learning-rate multiplier of a step whose batch is `ratio` (κ, `batch_ratio`) times the initial request.
+
+    Example:
+    ```python
+    >>> lr_factor("sqrt", 4.0)
     2.0
-    >>> lr_factor("linear", 2, 4)
+    >>> lr_factor("linear", 0.5)
     0.5
     ```
     """
     if rule not in LR_SCALING_RULES:
         raise ValueError(f"unknown lr_batch_scaling {rule!r}; choose one of {list(LR_SCALING_RULES)}")
-    if batch_size < 1 or initial_batch_size < 1:
-        raise ValueError(f"batch sizes must be >= 1, got {batch_size} and {initial_batch_size}")
-    ratio = batch_size / initial_batch_size
+    if not ratio > 0:
+        raise ValueError(f"the batch ratio must be > 0, got {ratio}")
     if rule in ("sqrt", "sqrt_adam"):
         return math.sqrt(ratio)
     if rule == "linear":
@@ -177,12 +191,11 @@ def scaled_adam_hyperparameters(base: dict, ratio: float) -> dict:
     }
 
 
-def apply_adam_scaling(optimizer, base: list[dict], batch_size: int, initial_batch_size: int) -> None:
-    """Set every param group's `betas`, `eps` and `weight_decay` to those of `batch_size`, scaled from `base` (never
-    from what the groups hold now, e.g. another worker's values received in a merge). The learning rate is
-    `apply_lr_factor`'s, with `lr_factor("sqrt_adam", ...)`."""
-    if batch_size < 1 or initial_batch_size < 1:
-        raise ValueError(f"batch sizes must be >= 1, got {batch_size} and {initial_batch_size}")
-    ratio = batch_size / initial_batch_size
+def apply_adam_scaling(optimizer, base: list[dict], ratio: float) -> None:
+    """Set every param group's `betas`, `eps` and `weight_decay` to those of a batch `ratio` (κ, `batch_ratio`) times
+    the initial request, scaled from `base` (never from what the groups hold now, e.g. another worker's values
+    received in a merge). The learning rate is `apply_lr_factor`'s, with `lr_factor("sqrt_adam", ratio)`."""
+    if not ratio > 0:
+        raise ValueError(f"the batch ratio must be > 0, got {ratio}")
     for group, values in zip(optimizer.param_groups, base, strict=True):
         group.update(scaled_adam_hyperparameters(values, ratio))

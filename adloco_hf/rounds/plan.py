@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ..batch.lr_scaling import lr_factor
+from ..batch.lr_scaling import batch_ratio, lr_factor
 from ..batch.switch_mode import BatchPlan, SwitchMode
 from ..instances.table import Instance, MergePlan
 from .rules import RoundRules
@@ -44,9 +44,9 @@ class WorkerPlan:
         process: what each of the worker's G processes runs per inner step: the batch its sampler draws and how it
             is cut into micro-batches.
         share: the worker's samples per inner step (G × `process.batch_size`).
-        scaled_batch: a process's batch that the learning rate (and Adam's hyperparameters) follow: the request as
-            switch mode runs it, the same on every worker of the instance.
-        lr_factor: the multiplier of the scheduler's base learning rates (1 with `lr_batch_scaling="none"`).
+        batch_ratio: κ, the batch that the learning rate (and Adam's hyperparameters) follow over a process's
+            initial request: the request as switch mode runs it per process, the same on every worker of the instance.
+        lr_factor: the multiplier of the scheduler's base learning rates, from κ (1 with `lr_batch_scaling="none"`).
         sample_weight: the worker's weight in its instance's average of pseudo-gradients, or None for the plain mean
             (every worker trains the same batch).
     """
@@ -55,7 +55,7 @@ class WorkerPlan:
     request: int
     process: BatchPlan
     share: int
-    scaled_batch: int
+    batch_ratio: float
     lr_factor: float
     sample_weight: float | None = None
 
@@ -79,7 +79,8 @@ def plan_instance(instance: Instance, rules: RoundRules) -> dict[int, WorkerPlan
     used = g * requested.batch_size
     split = instance.split(used)
     equal = len(set(split)) == 1
-    factor = lr_factor(rules.lr_batch_scaling, requested.batch_size, rules.reference_batch_size)
+    ratio = batch_ratio(requested.batch_size, rules.reference_batch_size)
+    factor = lr_factor(rules.lr_batch_scaling, ratio)
     plans = {}
     for worker, share in zip(instance.workers, split):
         process = requested if share == used else process_plan(share // g, rules, capped=False)
@@ -88,7 +89,7 @@ def plan_instance(instance: Instance, rules: RoundRules) -> dict[int, WorkerPlan
             request=instance.batch_size,
             process=process,
             share=g * process.batch_size,
-            scaled_batch=requested.batch_size,
+            batch_ratio=ratio,
             lr_factor=factor,
             sample_weight=None if equal else share / sum(split),
         )

@@ -30,7 +30,7 @@ def train_loader(trainer: Trainer) -> tuple[DataLoader, AdaptiveBatchSampler | A
     args, dataset, collator = trainer.args, trainer.train_dataset, trainer.data_collator
     check_not_text(trainer, dataset)  # before the Trainer strips a text dataset of every column
     settings = LoaderSettings.from_args(args)
-    initial = trainer.worker.settings.start.initial_batch_size  # per_device_train_batch_size (`RoundSettings`)
+    initial = trainer.worker.settings.start.rounds.initial_batch_size  # per_device_train_batch_size
     if is_stream(dataset):
         loader = adaptive_stream_loader(
             dataset,

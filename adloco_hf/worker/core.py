@@ -90,7 +90,7 @@ class Worker:
         self.preemption: Preemption | None = None
         # The clock of the step timings (`common/clock.py`): a benchmark may install a virtual one before training.
         self.clock = Clock(settings.device, synchronize=settings.steps.time_steps)
-        self.rounds = RoundState(inner_steps=settings.start.inner_steps)
+        self.rounds = RoundState(inner_steps=settings.start.rounds.inner_steps)
         self.parts: RoundParts | None = None  # made by `start`
         self._pending: dict[str, Any] | None = None  # a checkpoint's state, applied by `start`
 

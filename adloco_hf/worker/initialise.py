@@ -69,8 +69,8 @@ def resolve_max_batch_size(
     settings: WorkerSettings, params: list[torch.nn.Parameter], probe_step: Callable[[int], None]
 ) -> int:
     """`max_batch_size` as given, or found by probing (`"auto"`) with room kept for state allocated later."""
-    if settings.start.max_batch_size is not None:
-        return settings.start.max_batch_size
+    if settings.start.rounds.max_batch_size is not None:
+        return settings.start.rounds.max_batch_size
     reserve = 2 * sum(p.numel() * p.element_size() for p in params)  # AdamW's moments, allocated at the first step
     if settings.outer.state_device == "device":
         reserve += 4 * sum(p.numel() for p in params)  # the outer momentum, allocated at the first outer step

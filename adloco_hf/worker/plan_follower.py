@@ -31,15 +31,13 @@ class PlanFollower:
     Args:
         settings: the inner steps' settings (`lr_batch_scaling`, `noise_preconditioner`).
         training: the worker's model, optimizer, scheduler and sampler.
-        reference_batch: a process's initial batch, which the learning-rate scaling compares with.
 
     Refuses, when made, an optimizer or scheduler the settings cannot scale or read.
     """
 
-    def __init__(self, settings: StepSettings, training: TrainingObjects, reference_batch: int):
+    def __init__(self, settings: StepSettings, training: TrainingObjects):
         self.settings = settings
         self.training = training
-        self.reference_batch = reference_batch
         if settings.lr_batch_scaling != "none":
             check_scheduler(training.scheduler)
         if settings.noise_preconditioner == "adam":
@@ -57,7 +55,7 @@ class PlanFollower:
         if rule != "none":
             apply_lr_factor(training.optimizer, training.scheduler, self.base_lrs, plan.lr_factor)
         if rule in ADAM_RULES:
-            apply_adam_scaling(training.optimizer, self.base_adam, plan.scaled_batch, self.reference_batch)
+            apply_adam_scaling(training.optimizer, self.base_adam, plan.batch_ratio)
 
     def state_dict(self) -> dict[str, Any]:
         return {"base_lrs": self.base_lrs, "base_adam": self.base_adam}

@@ -28,26 +28,6 @@ class StartSettings:
     memory_fraction: float  # of free GPU memory, for max_batch_size="auto"
     rounds: RoundSettings  # the initial request, H, the cap, switch mode (`rounds/rules.py`, their one reader)
 
-    @property
-    def initial_batch_size(self) -> int:
-        """A process's first batch (`per_device_train_batch_size`); the learning-rate scaling's reference."""
-        return self.rounds.initial_batch_size
-
-    @property
-    def inner_steps(self) -> int:
-        """H of the first round (`inner_steps_rule="outer_noise"` grows it)."""
-        return self.rounds.inner_steps
-
-    @property
-    def batch_size_cap(self) -> int | None:
-        """The configured cap of a request, as the start banner names it."""
-        return self.rounds.batch_size_cap
-
-    @property
-    def max_batch_size(self) -> int | None:
-        """The largest micro-batch: an integer, or None for "auto" (probed when training starts)."""
-        return self.rounds.max_batch_size
-
     @classmethod
     def from_args(cls, args, rounds: RoundSettings) -> "StartSettings":
         """From an `AdLoCoConfig` and its round settings."""

@@ -83,11 +83,11 @@ def start_parts(
     model = training.model
     check_models_match(model, settings.device)
     steps = InnerSteps(settings.steps, training, replica, rounds, clock)
-    follower = PlanFollower(settings.steps, training, settings.start.initial_batch_size)
+    follower = PlanFollower(settings.steps, training)
     if resume is None:
         start = settings.start
         g = groups.processes_per_worker
-        table = initial_instances(groups.layout.num_workers, start.num_instances, g * start.initial_batch_size)
+        table = initial_instances(groups.layout.num_workers, start.num_instances, g * start.rounds.initial_batch_size)
         groups.refresh(table)
         replica.initialise_weights(model, instance_of(table, groups.worker_id))
     else:
@@ -132,7 +132,9 @@ def start_parts(
         if profiled is not None:
             table = profiled.instances
         if groups.rank == 0:
-            log_startup_profile(rounds.startup_profile, profiled, run_log, settings.start.initial_batch_size * g)
+            log_startup_profile(
+                rounds.startup_profile, profiled, run_log, settings.start.rounds.initial_batch_size * g
+            )
     merges = WorkerMerges(settings, groups, monitor, outer, replica, training, steps, hint, clock)
     round_end = RoundEnd(
         groups=groups,
@@ -293,11 +295,11 @@ def log_start(
     start = settings.start
     fixed = rules.inner_steps_rule == "fixed"
     count = f"{-(-rounds.max_steps // rounds.inner_steps)} rounds" if fixed else "rounds"
-    cap = f", at most {start.batch_size_cap}" if start.batch_size_cap else ""
+    cap = f", at most {start.rounds.batch_size_cap}" if start.rounds.batch_size_cap else ""
     instances = f"{len(rounds.instances)} instance{'s' * (len(rounds.instances) != 1)}"
     logger.info(
         f"AdLoCo: {workers}, {instances}, max_steps {rounds.max_steps} in {count} of "
-        f"{rounds.inner_steps} inner steps, batch {start.initial_batch_size} per worker at the start"
+        f"{rounds.inner_steps} inner steps, batch {start.rounds.initial_batch_size} per worker at the start"
         f"{cap} (batch-size test {settings.steps.batch_size_test}), micro-batches of at most {rounds.max_batch_size}"
     )
 

@@ -15,6 +15,7 @@ from adloco_hf.batch.lr_scaling import (
     adam_hyperparameters,
     apply_adam_scaling,
     apply_lr_factor,
+    batch_ratio,
     check_adam_optimizer,
     check_scheduler,
     lr_factor,
@@ -35,14 +36,22 @@ from adloco_hf.batch.lr_scaling import (
     ],
 )
 def test_the_rules(rule, batch, initial, expected):
-    assert lr_factor(rule, batch, initial) == pytest.approx(expected)
+    assert lr_factor(rule, batch_ratio(batch, initial)) == pytest.approx(expected)
 
 
-def test_bad_rule_and_sizes_are_refused():
+def test_bad_rule_sizes_and_ratios_are_refused():
     with pytest.raises(ValueError, match="lr_batch_scaling"):
-        lr_factor("cubic", 4, 2)
+        lr_factor("cubic", 2.0)
     with pytest.raises(ValueError, match=">= 1"):
-        lr_factor("sqrt", 0, 2)
+        batch_ratio(0, 2)
+    with pytest.raises(ValueError, match=">= 1"):
+        batch_ratio(4, 0)
+    for ratio in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="ratio must be > 0"):
+            lr_factor("sqrt", ratio)
+        with pytest.raises(ValueError, match="ratio must be > 0"):
+            optimizer, _ = make_optimizer()
+            apply_adam_scaling(optimizer, adam_hyperparameters(optimizer), ratio)
 
 
 def make_optimizer(lr=0.1):
@@ -166,7 +175,7 @@ def test_an_l2_weight_decay_in_the_gradient_is_left_alone():
     optimizer = torch.optim.Adam([param], lr=0.1, weight_decay=0.1)  # coupled: part of the loss's gradient
     base = adam_hyperparameters(optimizer)
     assert base == [{"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1, "decoupled": False}]
-    apply_adam_scaling(optimizer, base, 16, 4)
+    apply_adam_scaling(optimizer, base, batch_ratio(16, 4))
     assert optimizer.param_groups[0]["weight_decay"] == 0.1
     assert optimizer.param_groups[0]["eps"] == pytest.approx(5e-9)
 
@@ -177,13 +186,13 @@ def test_sqrt_adam_scales_from_the_base_values_and_never_compounds():
     optimizer = torch.optim.AdamW(groups, lr=0.1, betas=(0.9, 0.99), eps=1e-6)
     base = adam_hyperparameters(optimizer)
     for batch in (8, 8, 8, 16, 8):  # a batch applied again (every round) gives the same values
-        apply_adam_scaling(optimizer, base, batch, 2)
+        apply_adam_scaling(optimizer, base, batch_ratio(batch, 2))
     for group, wd in zip(optimizer.param_groups, (0.1, 0.0)):
         assert group["betas"] == pytest.approx((0.6, 0.96))
         assert group["eps"] == pytest.approx(1e-6 / 2)
         assert group["weight_decay"] == pytest.approx(wd / 2)
     optimizer.param_groups[0]["betas"] = (0.1, 0.2)  # e.g. another worker's scaled values, received in a merge
-    apply_adam_scaling(optimizer, base, 2, 2)
+    apply_adam_scaling(optimizer, base, batch_ratio(2, 2))
     assert [(g["betas"], g["eps"], g["weight_decay"]) for g in optimizer.param_groups] == [
         ((0.9, 0.99), 1e-6, 0.1),
         ((0.9, 0.99), 1e-6, 0.0),

@@ -99,7 +99,12 @@ def test_the_start_and_the_rules_read_the_same_round_settings(tmp_path):
     )
     start = WorkerSettings.from_args(args).start
     assert start.rounds == rounds
-    assert (start.initial_batch_size, start.inner_steps, start.batch_size_cap, start.max_batch_size) == (3, 4, 40, 7)
+    assert (
+        start.rounds.initial_batch_size,
+        start.rounds.inner_steps,
+        start.rounds.batch_size_cap,
+        start.rounds.max_batch_size,
+    ) == (3, 4, 40, 7)
     # The rules take their floor, cap, reference, H's rule and switch mode from the settings handed in, not the config.
     other = dataclasses.replace(rounds, initial_batch_size=2, batch_size_floor=None, switch_threshold=3.0)
     rules = RoundRules.from_args(args, max_batch_size=7, shard_size=None, settings=other)

@@ -41,7 +41,7 @@ from helpers import NORM_TEST, StepClock, flat_params, sequence_dataset, tiny_mo
 
 import adloco_hf.instances.merges as merging  # noqa: E402
 from adloco_hf import AdLoCoConfig  # noqa: E402
-from adloco_hf.batch.lr_scaling import lr_factor  # noqa: E402
+from adloco_hf.batch.lr_scaling import batch_ratio, lr_factor  # noqa: E402
 from adloco_hf.batch.switch_mode import plan_batch  # noqa: E402
 from recipes.benchmarks.toolkit.worker.faults import FaultyTrainer, arm_faults  # noqa: E402
 from recipes.benchmarks.toolkit.worker.kills import arm_kills, record_phases, record_progress  # noqa: E402
@@ -160,7 +160,7 @@ class AfterSync(TrainerCallback):
         # The next step's learning rate is the schedule's, times the factor of the batch the instance requests (the
         # same on all its workers; also right after a merge handed this worker another worker's optimizer state).
         scheduler = self.trainer.lr_scheduler
-        factor = lr_factor(args.lr_batch_scaling, requested, args.per_device_train_batch_size)
+        factor = lr_factor(args.lr_batch_scaling, batch_ratio(requested, args.per_device_train_batch_size))
         lr = args.learning_rate * scheduler.lr_lambdas[0](scheduler.last_epoch) * factor
         assert abs(self.trainer.optimizer.param_groups[0]["lr"] - lr) <= 1e-12 + 1e-6 * lr, (state.global_step, lr)
         self.lr_factors.append(factor)

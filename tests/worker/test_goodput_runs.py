@@ -28,7 +28,7 @@ from helpers import (
 
 from adloco_hf import AdLoCoTrainer
 from adloco_hf.batch.goodput import GoodputModel, choose_request
-from adloco_hf.batch.lr_scaling import lr_factor
+from adloco_hf.batch.lr_scaling import batch_ratio, lr_factor
 from adloco_hf.batch.switch_mode import SwitchMode, plan_batch
 from adloco_hf.batch.throughput import StepTimeModel
 
@@ -95,7 +95,7 @@ def test_one_worker_measures_what_the_clock_says_follows_the_rule_and_resumes_ex
     used = plan_batch(last, 4, 2.0).batch_size
     assert full.worker.plan.process.batch_size == used
     schedule = full.lr_scheduler.lr_lambdas[0](full.lr_scheduler.last_epoch)
-    expected_lr = full.args.learning_rate * schedule * lr_factor("sqrt", used, 2)
+    expected_lr = full.args.learning_rate * schedule * lr_factor("sqrt", batch_ratio(used, 2))
     assert full.optimizer.param_groups[0]["lr"] == pytest.approx(expected_lr)
 
     # Resumed from checkpoint-10: the same decisions afterwards, which needs the cost averages of rounds 1 and 2.

@@ -205,7 +205,7 @@ def test_the_settings_hold_the_configs_values(tmp_path):
     assert settings.outer.fragments is None and settings.outer.background  # overlap: groups of its own
     assert EvaluationSettings.from_args(args).eval_merged_model is True
     auto = AdLoCoConfig(output_dir=str(tmp_path), max_steps=8, inner_steps=4, max_batch_size="auto", use_cpu=True)
-    assert WorkerSettings.from_args(auto).start.max_batch_size is None  # probed when training starts
+    assert WorkerSettings.from_args(auto).start.rounds.max_batch_size is None  # probed when training starts
 
 
 def test_streaming_diloco_settings_are_read_into_the_outer_settings(tmp_path):

@@ -204,7 +204,8 @@ class FSDPReplica(ReplicaParallel):
         reshard(model)
 
     def check_settings(self) -> None:
-        if self.settings.start.max_batch_size is None and self.settings.device.type == "cuda":  # max_batch_size="auto"
+        # max_batch_size="auto" on a GPU
+        if self.settings.start.rounds.max_batch_size is None and self.settings.device.type == "cuda":
             raise ValueError(
                 "max_batch_size='auto' probes batches until one runs out of memory, which a sharded forward "
                 "(worker_parallelism='fsdp', collective inside the worker) cannot survive on one process alone: "
