@@ -22,10 +22,20 @@ install_requires = [
 extras = {
     # ruff is pinned: its formatter and rules change between releases and `make quality` runs in CI.
     # peft: tests/test_peft.py trains a LoRA adapter (pinned; it works with every supported transformers).
-    "dev": ["pytest>=8.0", "pytest-timeout>=2.3", "pytest-xdist==3.8.0", "ruff==0.17.6", "peft==0.21.2"],
+    # torchft: the round quorum's tests (tests/quorum/) run in CI.
+    "dev": [
+        "pytest>=8.0",
+        "pytest-timeout>=2.3",
+        "pytest-xdist==3.8.0",
+        "ruff==0.17.6",
+        "peft==0.21.2",
+        "torchft==0.2.0",
+    ],
     # use_liger_kernel=True: Liger's Triton kernels (CUDA only; pinned, tests/trainer/test_speed_levers.py checks that
     # AdLoCoTrainer applies the Trainer's patch, and on a GPU that it trains as the Trainer does with it).
     "gpu": ["liger-kernel==0.8.5"],
+    # Live recovery's round quorum (adloco_hf/quorum/; pinned: adloco_hf/quorum/requirement.py names the release).
+    "ft": ["torchft==0.2.0"],
 }
 
 setup(

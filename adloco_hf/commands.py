@@ -6,6 +6,7 @@
     adloco-hf export outputs/demo my-model      # the merged model as a plain Hugging Face folder (--dtype bfloat16)
     adloco-hf push outputs/demo me/my-model     # the merged model to the Hub (`hf auth login` first)
     adloco-hf --version                         # adloco_hf's version and the releases it runs with
+    adloco-hf lighthouse --min_workers 2        # the round quorum's lighthouse (`pip install 'adloco_hf[ft]'`)
 
 A RUN is a training run's `output_dir`; `export` and `push` also take a model folder (`merged/`, `merges/outer-3/`).
 Every command exits with 0 on success and 1 with an `error:` line (a damaged file, a missing folder, a failed
@@ -282,6 +283,21 @@ def _plot(args) -> int:
     return 0
 
 
+def _lighthouse(args) -> int:
+    from .quorum.lighthouse import LighthouseSettings, serve_lighthouse
+
+    fields = ("port", "min_workers", "join_timeout", "heartbeat_timeout")
+    try:
+        settings = LighthouseSettings(**{name: getattr(args, name) for name in fields})
+    except ValueError as error:
+        raise CommandError(str(error)) from None
+    try:
+        serve_lighthouse(settings)
+    except ImportError as error:  # torchft, an extra: the error names it
+        raise CommandError(str(error)) from None
+    return 0
+
+
 def version_line() -> str:
     """`adloco-hf --version`: this package's version and the releases it runs with, read from the installed
     distributions' metadata (importing torch or transformers would take seconds)."""
@@ -303,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="adloco-hf",
         description="What you do with an AdLoCo run once it has trained: summarise it, plot it, verify its "
-        "checkpoints, export or push its merged model.",
+        "checkpoints, export or push its merged model; and the lighthouse of live recovery's round quorum.",
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -345,6 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--token", default=None, help="a Hub token (default: the one `hf auth login` saved)")
     push.add_argument("--commit_message", default="AdLoCo merged model", help="the commit's message")
     push.set_defaults(handler=_push)
+
+    lighthouse = commands.add_parser("lighthouse", help="run the round quorum's lighthouse (adloco_hf/quorum/)")
+    lighthouse.add_argument("--port", type=int, default=29510, help="the port, on every interface (0: a free one)")
+    lighthouse.add_argument("--min_workers", type=int, default=1, help="the fewest workers a round may have")
+    lighthouse.add_argument("--join_timeout", type=float, default=1.0, help="seconds a quorum waits for late workers")
+    lighthouse.add_argument("--heartbeat_timeout", type=float, default=5.0, help="seconds of silence: a dead worker")
+    lighthouse.set_defaults(handler=_lighthouse)
     return parser
 
 

@@ -17,6 +17,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "adloco_hf"
 # Lowest first: a folder may import from itself and from the folders before it, never from one after it.
 LAYERS = [
     "common",
+    "quorum",
     "config",
     "batch",
     "outer",
