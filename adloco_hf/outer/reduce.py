@@ -34,11 +34,16 @@ from .compression import ErrorFeedback, wire_bytes
 from .ring import ring_all_reduce_mean
 
 
-__all__ = ["BITS", "BUCKET_NUMEL", "PendingMean", "PseudoGradReduce"]
+__all__ = ["BITS", "BUCKET_NUMEL", "PendingMean", "PseudoGradReduce", "ring_all_reduce_bytes"]
 
 BITS = {"none": None, "int8": 8, "int4": 4}
 # Elements per all-reduce bucket: bounds the low-precision copy made for communication (64 MiB in bf16).
 BUCKET_NUMEL = 1 << 25
+
+
+def ring_all_reduce_bytes(payload_bytes: int, num_workers: int) -> int:
+    """Bytes all workers together send in a ring all-reduce: each sends 2 (M − 1) / M of the payload."""
+    return 2 * (num_workers - 1) * payload_bytes
 
 
 class PendingMean:

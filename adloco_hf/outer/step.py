@@ -13,16 +13,16 @@ once (`eager.EagerOffset`): θ_w ← φ_i + o_w, and the all-reduce runs while t
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from functools import partial
 
 import torch
-import torch.distributed as dist
 
-from ..common.distributed import comm_device
 from ..common.layout import part_range
 from .eager import EagerOffset
-from .reduce import BUCKET_NUMEL, PendingMean, PseudoGradReduce
+from .process_split import ProcessSplit
+from .reduce import BUCKET_NUMEL, PendingMean, PseudoGradReduce, ring_all_reduce_bytes
 from .settings import OuterSettings
 from .streaming_diloco import StreamingSync
 
@@ -30,11 +30,6 @@ from .streaming_diloco import StreamingSync
 __all__ = ["BUCKET_NUMEL", "DTYPES", "GlobalModel", "OuterStepResult", "ProcessSplit", "ring_all_reduce_bytes"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def ring_all_reduce_bytes(payload_bytes: int, num_workers: int) -> int:
-    """Bytes all workers together send in a ring all-reduce: each sends 2 (M − 1) / M of the payload."""
-    return 2 * (num_workers - 1) * payload_bytes
 
 
 @dataclass
@@ -47,23 +42,6 @@ class OuterStepResult:
     skipped: bool  # the average was not finite: φ unchanged
     local_finite: bool = True  # this worker's own Δ was finite (overlapped: a non-finite one is not applied)
     local_sq_norm: float = math.nan  # ‖Δ_w‖² of this worker's own Δ before the average (blocking steps only)
-
-
-@dataclass(frozen=True)
-class ProcessSplit:
-    """How a worker's G processes share φ's outer step (one process per worker: nothing is split).
-
-    Attributes:
-        intra_group: the worker's processes' group, over which the reduced slices are all-gathered (`split_over`).
-        parts: G, the slices the pseudo-gradient's all-reduce is split into (1: not split).
-        local_rank: this process's slice.
-        norm_group: with FSDP's shards, the group the norms are summed over (`shard_over`; None: φ is whole here).
-    """
-
-    intra_group: Any = None
-    parts: int = 1
-    local_rank: int = 0
-    norm_group: Any = None
 
 
 class GlobalModel:
@@ -178,25 +156,6 @@ class GlobalModel:
         all-reduced across workers as it is, and only its norms are summed over the worker's `intra_group`."""
         self.split = replace(self.split, norm_group=intra_group)
 
-    def whole_norms(self, norm: float, local_sq: float) -> tuple[float, float]:
-        """With sharded parameters: the whole model's ‖Δ‖ and ‖Δ_w‖² from every process's shard (one all-reduce)."""
-        if self.split.norm_group is None:
-            return norm, local_sq
-        sums = torch.tensor([norm * norm, local_sq], dtype=torch.float64, device=comm_device(self.device))
-        dist.all_reduce(sums, group=self.split.norm_group)
-        return math.sqrt(float(sums[0])), float(sums[1])
-
-    def _gather_parts(self, delta: torch.Tensor) -> None:
-        """Every process's averaged slice into the whole of `delta` (one all-gather over the intra group)."""
-        size = -(-self.numel // self.split.parts)
-        a, b = self.part
-        device = comm_device(delta.device)
-        mine = torch.zeros(size, dtype=torch.float32, device=device)
-        mine[: b - a].copy_(delta[a:b])
-        gathered = [torch.empty_like(mine) for _ in range(self.split.parts)]
-        dist.all_gather(gathered, mine, group=self.split.intra_group)
-        delta.copy_(torch.cat(gathered)[: self.numel])
-
     @property
     def overlap(self) -> bool:
         return self.eager is not None
@@ -254,7 +213,13 @@ class GlobalModel:
 
     @torch.no_grad()
     def outer_step(
-        self, *, group, num_workers: int, dtype: torch.dtype | None = None, weight: float | None = None
+        self,
+        *,
+        group,
+        num_workers: int,
+        dtype: torch.dtype | None = None,
+        weight: float | None = None,
+        agree: Callable[[Callable[[], None]], bool] | None = None,
     ) -> OuterStepResult:
         """Pseudo-gradient, instance average, outer SGD, θ ← φ. A non-finite average leaves φ unchanged.
 
@@ -263,25 +228,33 @@ class GlobalModel:
         reduce's `pseudo_grad_dtype` (kept for callers of the blocking bf16/fp32 step). `weight`: this worker's
         share of the samples its instance trained in the round, when they differ (`worker_batch_split="speed"`):
         the average is then Σ_w weight_w Δ_w (`outer/reduce.py`); None is the plain mean.
+
+        `agree` (live recovery's `RoundQuorum.agree`, blocking whole-φ steps only): runs the average, True if every
+        member commits it; else every member drops the round alike (φ unchanged, θ ← φ, skipped with a NaN norm).
         """
         if dtype is not None and dtype != self.reduce.dtype and self.reduce.bits is None:
             self.reduce.dtype = dtype
+        if agree is not None and (self.eager is not None or self.part is not None or self.streaming is not None):
+            raise ValueError("a round quorum's outer step is blocking and whole: no outer_overlap, fragments or split")
         if self.eager is not None:
             return self._overlapped_step(group, num_workers, weight)
         start = time.perf_counter()
         delta = self.pseudo_gradient()
         local_sq = float(torch.dot(delta, delta))
         sent = self.numel
+        committed = True
         if num_workers > 1 and self.part is not None:
             a, b = self.part
             part = delta[a:b]
             self.reduce.start(part, group, num_workers, out=part, weight=weight).wait()
-            self._gather_parts(delta)  # every process of the worker now holds the same whole average
+            delta.copy_(self.split.gather(part, self.numel))  # every process of the worker: the whole average
             sent = b - a
+        elif agree is not None:
+            committed = agree(partial(self._average_into, delta, group, num_workers, weight))
         elif num_workers > 1:
-            self.reduce.start(delta, group, num_workers, out=delta, weight=weight).wait()
-        norm = float(torch.linalg.vector_norm(delta))
-        norm, local_sq = self.whole_norms(norm, local_sq)
+            self._average_into(delta, group, num_workers, weight)
+        norm = float(torch.linalg.vector_norm(delta)) if committed else math.nan
+        norm, local_sq = self.split.whole_norms(norm, local_sq, self.device)
         skipped = not math.isfinite(norm)
         if not skipped:
             self._step_with(delta)
@@ -289,6 +262,10 @@ class GlobalModel:
         self.copy_to_params()
         payload = self.reduce.payload_bytes(sent, num_workers)
         return OuterStepResult(norm, payload, time.perf_counter() - start, skipped, local_sq_norm=local_sq)
+
+    def _average_into(self, delta: torch.Tensor, group, num_workers: int, weight: float | None) -> None:
+        """Δ ← the instance's (weighted) average of Δ, in place (blocking)."""
+        self.reduce.start(delta, group, num_workers, out=delta, weight=weight).wait()
 
     @torch.no_grad()
     def pseudo_gradient(self) -> torch.Tensor:

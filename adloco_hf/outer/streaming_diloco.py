@@ -31,9 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
-from ..common.distributed import comm_device
 from ..common.layout import part_range
 from .fragments import fragment_pieces, fragment_ranges, fragments_sent_at
 from .reduce import PendingMean, PseudoGradReduce
@@ -225,8 +223,8 @@ class StreamingSync:
         fragment = flight.fragment
         mean = flight.pending.wait().to(model.device, torch.float32)
         if flight.part is not None:
-            mean = self._gather_parts(mean, self.sizes[fragment])
-        norm, local_sq = model.whole_norms(float(torch.linalg.vector_norm(mean)), flight.local_sq)
+            mean = model.split.gather(mean, self.sizes[fragment]).to(model.device)
+        norm, local_sq = model.split.whole_norms(float(torch.linalg.vector_norm(mean)), flight.local_sq, model.device)
         skipped = not math.isfinite(norm)
         if skipped:
             model.copy_to_params()  # θ ← φ everywhere: no non-finite value stays in the local weights
@@ -258,17 +256,6 @@ class StreamingSync:
                 buffer.mul_(momentum).add_(gradient)
                 step = gradient.add(buffer, alpha=momentum) if nesterov else buffer
             model.phi.detach()[a:b].add_(step, alpha=-lr)
-
-    def _gather_parts(self, part_mean: torch.Tensor, size: int) -> torch.Tensor:
-        """processes_per_worker > 1: every process's averaged slice of the fragment, all-gathered inside the worker."""
-        model = self.model
-        chunk = -(-size // model.split.parts)
-        device = comm_device(part_mean.device)
-        mine = torch.zeros(chunk, dtype=torch.float32, device=device)
-        mine[: part_mean.numel()].copy_(part_mean)
-        gathered = [torch.empty_like(mine) for _ in range(model.split.parts)]
-        dist.all_gather(gathered, mine, group=model.split.intra_group)
-        return torch.cat(gathered)[:size].to(model.device)
 
     # ---- merges, the end of training, resume ----
     def settle(self, *, drop_local: bool = False) -> bool:

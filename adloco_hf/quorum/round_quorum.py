@@ -7,7 +7,8 @@ A round under live recovery, on every worker that is alive:
    (healing: the `state_dict` and `load_state_dict` given to it, sent by torchft's checkpoint transport). Returns the
    round's [`RoundMembers`]: the workers, their group, the round number they agreed on.
 2. The round's collectives, on `members.group` only, each through [`RoundQuorum.collective`] so that a failure (a
-   member died) marks the round as failed instead of raising: e.g. [`RoundQuorum.weighted_average`].
+   member died) marks the round as failed instead of raising: e.g. [`RoundQuorum.weighted_average`], or the outer
+   step's average with [`RoundQuorum.agree`] (which also votes).
 3. [`RoundQuorum.commit`]: True when every member's collectives of the round succeeded (torchft's `should_commit`,
    itself a vote of all members); then the round number advances. On False the round's results are dropped by every
    member alike, and the next `begin_round` leaves out whoever died.
@@ -166,6 +167,12 @@ class RoundQuorum:
             self.manager.report_error(error)
             return False
         return True
+
+    def agree(self, average: Callable[[], None]) -> bool:
+        """Run the round's average (a collective on the members' group, e.g. the outer step's: `GlobalModel.outer_step`'s
+        `agree`) and vote: True when every member's average succeeded, so all of them apply it or none does."""
+        self.collective(average)
+        return self.commit()
 
     def weighted_average(self, tensor: torch.Tensor, weight: float) -> torch.Tensor | None:
         """The members' average of `tensor` weighted by their `weight` (e.g. the samples each trained), in float32,

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from helpers import SCRIPTS
+from helpers import SCRIPTS, free_port
 
 from adloco_hf.quorum import LighthouseSettings, RoundQuorum, replica_id, start_lighthouse
 from adloco_hf.quorum.requirement import TORCHFT_REQUIREMENT, import_torchft
@@ -159,3 +159,45 @@ def test_the_lighthouse_command_refuses_bad_settings(capsys):
 
     assert main(["lighthouse", "--min_workers", "0"]) == 1
     assert "min_workers=0" in capsys.readouterr().err
+
+
+OUTER_WORKER = os.path.join(SCRIPTS, "quorum_outer_worker.py")
+
+
+def run_outer(tmp_path, lighthouse, workers: int, **spec) -> list[dict]:
+    spec = {"workers": workers, "lighthouse": lighthouse.address(), "rounds": 3, "out": str(tmp_path), **spec}
+    per_worker = spec.pop("per_worker", {})
+    processes = [
+        subprocess.Popen(
+            [sys.executable, OUTER_WORKER, json.dumps({**spec, **per_worker.get(w, {}), "worker_id": w})],
+            stderr=open(tmp_path / f"outer_stderr{w}.txt", "w"),
+        )
+        for w in range(workers)
+    ]
+    assert [p.wait(timeout=180) for p in processes] == [0] * workers
+    paths = [tmp_path / f"outer{w}.json" for w in range(workers)]
+    return [json.loads(path.read_text()) if path.exists() else None for path in paths]
+
+
+def test_the_outer_step_over_the_quorum_equals_today_s(tmp_path, lighthouse):
+    # Same algorithm, another transport: DiLoCo's weighted bf16 average and Nesterov outer step, 3 rounds, 3 workers.
+    results = run_outer(tmp_path, lighthouse, 3, port=free_port())
+    for result in results:
+        assert result["world_size"] == 3 and result["members"] == [[0, 1, 2]] * 3
+        assert not any(r["skipped"] for r in result["today"] + result["quorum"])
+        for today, quorum in zip(result["today"], result["quorum"], strict=True):
+            assert max(abs(a - b) for a, b in zip(today["phi"], quorum["phi"], strict=True)) <= 1e-6
+    assert all(result["quorum"] == results[0]["quorum"] for result in results)  # one φ per round on every worker
+    assert results[0]["quorum"][0]["phi"] != results[0]["quorum"][1]["phi"]  # the rounds moved φ
+
+
+def test_a_member_that_dies_inside_a_round_makes_every_survivor_drop_that_round_alike(tmp_path, lighthouse):
+    results = run_outer(tmp_path, lighthouse, 3, today=False, per_worker={2: {"die_at_round": 1}})
+    assert results[2] is None  # it died after joining round 2's quorum, before averaging
+    survivors = results[:2]
+    for result in survivors:
+        assert result["members"] == [[0, 1, 2], [0, 1, 2], [0, 1]]
+        assert [r["skipped"] for r in result["quorum"]] == [False, True, False]
+        first, dropped, third = (r["phi"] for r in result["quorum"])
+        assert dropped == first and third != first  # φ unchanged by the dropped round, moved by the next
+    assert survivors[0]["quorum"] == survivors[1]["quorum"]
