@@ -26,11 +26,29 @@ def step(members: list[int]) -> float:
     return sum((i + 1) ** 2 for i in members) / sum(i + 1 for i in members)
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+def start(command: list[str], **kwargs) -> subprocess.Popen:
+    """A process of this test, killed when the test ends however it ends (a worker may be waiting for a round)."""
+    process = subprocess.Popen(command, **kwargs)
+    STARTED.append(process)
+    return process
+
+
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test():
+    yield
+    while STARTED:
+        process = STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def launch(out, worker_id: int, lighthouse, **spec):
     spec = {"worker_id": worker_id, "lighthouse": lighthouse.address(), "out": str(out), "timeout": 20.0, **spec}
-    return subprocess.Popen(
-        [sys.executable, WORKER, json.dumps(spec)], stderr=open(out / f"stderr{worker_id}.txt", "a")
-    )
+    return start([sys.executable, WORKER, json.dumps(spec)], stderr=open(out / f"stderr{worker_id}.txt", "a"))
 
 
 def lines(out, worker_id: int) -> list[dict]:
@@ -136,14 +154,14 @@ def test_bad_lighthouse_settings_are_refused(field, value, message):
 
 def test_the_lighthouse_command_serves_a_job_until_it_is_stopped(tmp_path):
     command = [sys.executable, "-m", "adloco_hf.cli", "lighthouse", "--port", "0", "--min_workers", "2"]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server = start(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         first = server.stdout.readline()
         assert first.startswith("lighthouse: http://") and "min_workers=2" in first
         address = first.split()[1]
         spec = {"lighthouse": address, "out": str(tmp_path), "rounds": 2, "workers": 2, "timeout": 20.0}
         workers = [
-            subprocess.Popen([sys.executable, WORKER, json.dumps({**spec, "worker_id": i})], stderr=subprocess.DEVNULL)
+            start([sys.executable, WORKER, json.dumps({**spec, "worker_id": i})], stderr=subprocess.DEVNULL)
             for i in range(2)
         ]
         assert [w.wait(timeout=120) for w in workers] == [0, 0]
@@ -168,7 +186,7 @@ def run_outer(tmp_path, lighthouse, workers: int, **spec) -> list[dict]:
     spec = {"workers": workers, "lighthouse": lighthouse.address(), "rounds": 3, "out": str(tmp_path), **spec}
     per_worker = spec.pop("per_worker", {})
     processes = [
-        subprocess.Popen(
+        start(
             [sys.executable, OUTER_WORKER, json.dumps({**spec, **per_worker.get(w, {}), "worker_id": w})],
             stderr=open(tmp_path / f"outer_stderr{w}.txt", "w"),
         )
