@@ -10,7 +10,7 @@ import time
 import torch
 
 from adloco_hf.presets import build_model
-from recipes.benchmarks.overhead.variants import run_variant
+from recipes.benchmarks.overhead.variants import Variant, run_variant
 from recipes.benchmarks.toolkit.data import load_data
 
 
@@ -80,7 +80,9 @@ def profile_process(job: dict) -> dict:
         settings = {**job["settings"], "batch_size": b, "inner_steps": 20, "rounds": 1, "warmup": 5}
         tokenizer, lm = load_data(settings)
         with tempfile.TemporaryDirectory() as tmp:
-            step = run_variant("trainer", settings, tokenizer, lm, tmp)["ordinary_step_seconds"]
+            step = run_variant("trainer", Variant("trainer"), settings, tokenizer, lm["train"], tmp)[
+                "ordinary_step_seconds"
+            ]
         bare = statistics.median(fb[b]) if b in fb else None
         result["trainer_step_seconds"] = {str(b): step}
         if bare is not None:

@@ -1,11 +1,12 @@
-"""One timed run of a variant (`trainer`, `adloco`, `adloco_stats`): the same model, data, batch and optimizer,
-only training steps timed, around AdLoCo's own callback."""
+"""One timed run of a variant: the plain `Trainer` or `AdLoCoTrainer` (statistics on or off), on the materialised or
+the streamed data, with or without loader processes; the same model, batch and optimizer, only training steps
+timed, around AdLoCo's own callback."""
 
-import argparse
 import gc
 import math
 import os
 import statistics
+from typing import NamedTuple
 
 import torch
 from transformers import Trainer, TrainingArguments, default_data_collator
@@ -16,38 +17,19 @@ from recipes.benchmarks.toolkit.data import make_model
 from recipes.benchmarks.toolkit.step_times import StepTimestamps, timestamp_callbacks
 
 
-__all__ = ["PROFILES", "VARIANTS", "run_variant", "settings_from"]
-
-VARIANTS = ("trainer", "adloco", "adloco_stats")
-PROFILES = {
-    ("cpu", "quick"): {"batch_size": 8, "inner_steps": 25, "rounds": 2, "repeats": 9, "warmup": 5},
-    ("cpu", "full"): {"batch_size": 8, "inner_steps": 50, "rounds": 3, "repeats": 15, "warmup": 5},
-    ("cuda", "quick"): {"batch_size": 8, "inner_steps": 25, "rounds": 2, "repeats": 9, "warmup": 5},
-    ("cuda", "full"): {"batch_size": 8, "inner_steps": 50, "rounds": 3, "repeats": 15, "warmup": 5},
-}
+__all__ = ["Variant", "run_variant"]
 
 
-def settings_from(args: argparse.Namespace) -> dict:
-    profile = PROFILES[("cuda" if args.device == "cuda" else "cpu", "quick" if args.quick else "full")]
-    settings = dict(profile)
-    for name in ("batch_size", "inner_steps", "rounds", "repeats", "warmup"):
-        if getattr(args, name) is not None:
-            settings[name] = getattr(args, name)
-    settings.update(
-        device=args.device,
-        preset=args.preset or ("microllama" if args.device == "cuda" else "tiny"),
-        fp16=bool(args.fp16),
-        block_size=args.block_size or (256 if args.device == "cuda" else 128),
-        threads=args.threads,
-        seed=42,
-        learning_rate=1e-3,
-        data={"corpus": "builtin:python-source", "vocab_size": 4096},
-        cache_dir=os.path.abspath(args.cache_dir),
-    )
-    return settings
+class Variant(NamedTuple):
+    """What a variant trains with: `trainer` (`"trainer"`, `"adloco"` or `"adloco_stats"`), `data` (`"materialised"`
+    or `"streamed"`), and whether `settings["loader_processes"]` DataLoader processes feed it."""
+
+    trainer: str = "adloco"
+    data: str = "materialised"
+    loader: bool = False
 
 
-def run_variant(variant: str, settings: dict, tokenizer, lm, output_dir: str) -> dict:
+def run_variant(name: str, variant: Variant, settings: dict, tokenizer, train_dataset, output_dir: str) -> dict:
     """Train one variant for `rounds` × H steps, the first `warmup` of them untimed; return its timings.
 
     The run ends on a round end, so the timed window holds all `rounds` outer steps (the first round is timed from
@@ -58,8 +40,11 @@ def run_variant(variant: str, settings: dict, tokenizer, lm, output_dir: str) ->
     if not 0 <= warmup < total:
         raise ValueError(f"warmup={warmup} must be below rounds × inner_steps = {total}")
     on_cuda = settings["device"] == "cuda"
+    loader = {"dataloader_num_workers": settings["loader_processes"] if variant.loader else 0}
+    if variant.loader:
+        loader.update(dataloader_prefetch_factor=settings["prefetch_factor"], dataloader_persistent_workers=True)
     common = {
-        "output_dir": os.path.join(output_dir, "runs", variant),
+        "output_dir": os.path.join(output_dir, "runs", name),
         "per_device_train_batch_size": batch,
         "learning_rate": settings["learning_rate"],
         "lr_scheduler_type": "constant",
@@ -75,12 +60,12 @@ def run_variant(variant: str, settings: dict, tokenizer, lm, output_dir: str) ->
         "logging_strategy": "no",
         "report_to": "none",
         "disable_tqdm": True,
-        "dataloader_num_workers": 0,
+        **loader,
     }
-    if variant == "trainer":
+    if variant.trainer == "trainer":
         args = TrainingArguments(**common)
     else:
-        stats = variant == "adloco_stats"
+        stats = variant.trainer == "adloco_stats"
         args = AdLoCoConfig(
             **common,
             inner_steps=h,
@@ -94,8 +79,8 @@ def run_variant(variant: str, settings: dict, tokenizer, lm, output_dir: str) ->
     model = make_model(settings, tokenizer)
     clock = StepTimestamps(torch.cuda.synchronize if on_cuda else (lambda: None))
     before, after = timestamp_callbacks(clock, warmup + 1)
-    trainer_class = Trainer if variant == "trainer" else AdLoCoTrainer
-    trainer = trainer_class(model=model, args=args, train_dataset=lm["train"], data_collator=default_data_collator)
+    trainer_class = Trainer if variant.trainer == "trainer" else AdLoCoTrainer
+    trainer = trainer_class(model=model, args=args, train_dataset=train_dataset, data_collator=default_data_collator)
     trainer.callback_handler.callbacks.insert(0, before)  # before AdLoCoCallback: sees the step alone
     trainer.add_callback(after)  # after AdLoCoCallback: the outer step of a round is inside its step's window
     trainer.train()
@@ -107,11 +92,12 @@ def run_variant(variant: str, settings: dict, tokenizer, lm, output_dir: str) ->
     step_time = {s: clock.pre[s] - clock.begin[s] for s in steps}
     tokens = (last - first + 1) * batch * settings["block_size"]
     result = {
-        "variant": variant,
+        "variant": name,
         "tokens_per_second": tokens / window,
         # CPU seconds of this process over the same window (equal to the wall time when nothing else competes).
         "tokens_per_cpu_second": tokens / (clock.cpu_end - clock.cpu_begin),
         "window_seconds": window,
+        "tokens": tokens,
         "ordinary_steps": [step_time[s] for s in ordinary],
         "round_end_steps": [step_time[s] for s in round_ends],
         "end_of_round": [clock.post[s] - clock.pre[s] for s in round_ends],
@@ -119,7 +105,7 @@ def run_variant(variant: str, settings: dict, tokenizer, lm, output_dir: str) ->
         "round_end_step_seconds": statistics.median(step_time[s] for s in round_ends),
         "end_of_round_seconds": statistics.median(clock.post[s] - clock.pre[s] for s in round_ends),
     }
-    if variant == "adloco_stats":
+    if variant.trainer == "adloco_stats":
         sizes = {line["batch_size"] for line in load_rounds(args.output_dir)}
         if sizes != {batch}:
             raise RuntimeError(f"adloco_stats changed its batch ({sizes}); batch_size_cap should have fixed it")

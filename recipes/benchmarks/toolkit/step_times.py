@@ -1,5 +1,5 @@
-"""Timing a worker's inner steps around AdLoCo's own callback (`overhead`, `streaming`): one callback before it sees
-the step alone, one after it sees the step with AdLoCo's end-of-round work."""
+"""Timing a worker's inner steps around AdLoCo's own callback (`overhead`, each of its comparisons): one callback
+before it sees the step alone, one after it sees the step with AdLoCo's end-of-round work."""
 
 import time
 from collections.abc import Callable

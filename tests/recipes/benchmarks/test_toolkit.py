@@ -170,17 +170,6 @@ def test_deep_merge_copies_and_merges_nested_settings():
     assert full["adloco"] == {"max_batch_size": 16, "batch_size_cap": 64}
 
 
-def test_the_loader_processes_figure_is_drawn_from_its_results_file(tmp_path):
-    """`loader_processes --plot_only` draws the committed results' figure without running anything."""
-    from recipes.benchmarks.loader_processes.cli import main as loader_processes
-
-    results_file = tmp_path / "loader.json"
-    shutil.copy(os.path.join(REPO, "docs", "results", "loader_processes_cpu.json"), results_file)
-    loader_processes(["--out", str(results_file), "--plot_only"])
-    figure = tmp_path / "loader.png"
-    assert figure.exists() and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
 def test_ring_all_reduce_time_by_hand():
     # 1 MB over 4 workers at 1 MB/s, 10 ms latency: 2 (4 − 1) = 6 steps of 10 ms + 250 kB / (1 MB/s).
     link = link_model.Link(bandwidth_bits_per_second=8e6, latency_seconds=0.01)

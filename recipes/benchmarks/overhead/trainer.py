@@ -1,15 +1,24 @@
-"""The variants paired within each repeat (the throughput ratios), the per-step times pooled over the repeats (the
-statistics step's extra time, the end of round's share), and the report."""
+"""`--compare trainer`: `AdLoCoTrainer` against the plain `Trainer` (statistics off and on), its runs paired within
+each repeat (the throughput ratios), the per-step times pooled over the repeats (the statistics step's extra time,
+the end of round's share), and the report."""
 
 import statistics
 
-from recipes.benchmarks.overhead.variants import VARIANTS
+from recipes.benchmarks.overhead.pairs import (
+    median_tokens_per_second,
+    paired,
+    ratio_line,
+    ratio_summary,
+    variants_table,
+)
+from recipes.benchmarks.overhead.variants import Variant
 from recipes.benchmarks.toolkit.results import table
-from recipes.benchmarks.toolkit.stats import complete_repeats, median_spread
+from recipes.benchmarks.toolkit.stats import complete_repeats
 
 
-__all__ = ["REPORT_INNER_STEPS", "format_report", "pooled", "summarize"]
+__all__ = ["REPORT_INNER_STEPS", "VARIANTS", "format_report", "pooled", "summarize"]
 
+VARIANTS = {"trainer": Variant("trainer"), "adloco": Variant("adloco"), "adloco_stats": Variant("adloco_stats")}
 REPORT_INNER_STEPS = (50, 200)
 
 
@@ -20,9 +29,6 @@ def pooled(complete: list[dict], variant: str, key: str) -> float:
 def summarize(runs: list[dict], settings: dict) -> dict:
     """Pair the variants within each repeat for the throughput ratios; pool the per-step times over the repeats."""
     complete = complete_repeats(runs, VARIANTS)
-    ratios = [r["adloco"]["tokens_per_second"] / r["trainer"]["tokens_per_second"] for r in complete]
-    ratios_stats = [r["adloco_stats"]["tokens_per_second"] / r["trainer"]["tokens_per_second"] for r in complete]
-    ratios_cpu = [r["adloco"]["tokens_per_cpu_second"] / r["trainer"]["tokens_per_cpu_second"] for r in complete]
     step = {v: pooled(complete, v, "ordinary_steps") for v in VARIANTS}
     round_end = {v: pooled(complete, v, "round_end_steps") for v in VARIANTS}
     outer = pooled(complete, "adloco", "end_of_round")
@@ -39,16 +45,13 @@ def summarize(runs: list[dict], settings: dict) -> dict:
         stats_overhead[str(h)] = max(extra, 0.0) / round_time
         outer_overhead[str(h)] = outer / round_time
     return {
-        "throughput_ratio": statistics.median(ratios),
-        "throughput_ratio_spread": median_spread(ratios),
-        "throughput_ratio_cpu_time": statistics.median(ratios_cpu),
-        "throughput_ratio_cpu_time_spread": median_spread(ratios_cpu),
-        "throughput_ratio_with_stats": statistics.median(ratios_stats),
-        "throughput_ratio_with_stats_spread": median_spread(ratios_stats),
+        **ratio_summary("throughput_ratio", paired(complete, "adloco", "trainer")),
+        **ratio_summary("throughput_ratio_cpu_time", paired(complete, "adloco", "trainer", "tokens_per_cpu_second")),
+        **ratio_summary("throughput_ratio_with_stats", paired(complete, "adloco_stats", "trainer")),
         # The same ratio from the pooled per-step medians (robust to bursts of a shared machine): H plain steps
         # against H AdLoCo steps plus one end of round.
         "throughput_ratio_from_step_medians": h_run * step["trainer"] / adloco_round,
-        "tokens_per_second": {v: statistics.median(r[v]["tokens_per_second"] for r in complete) for v in VARIANTS},
+        "tokens_per_second": median_tokens_per_second(complete, VARIANTS),
         "step_seconds": step,
         "round_end_step_seconds": round_end,
         "stats_step_extra_seconds": extra,
@@ -63,21 +66,12 @@ def summarize(runs: list[dict], settings: dict) -> dict:
 
 
 def format_report(summary: dict) -> str:
-    spread = summary["throughput_ratio_spread"]
-    rows = [
-        {
-            "variant": v,
-            "tokens/s (median)": summary["tokens_per_second"][v],
-            "ratio to trainer": summary["tokens_per_second"][v] / summary["tokens_per_second"]["trainer"],
-            "ordinary step ms": 1000 * summary["step_seconds"][v],
-        }
-        for v in VARIANTS
-    ]
-    lines = [table(rows, ["variant", "tokens/s (median)", "ratio to trainer", "ordinary step ms"])]
+    steps = {v: {"ordinary step ms": 1000 * s} for v, s in summary["step_seconds"].items()}
+    lines = [variants_table(summary["tokens_per_second"], "trainer", steps)]
     lines.append(
-        f"\nthroughput_ratio (adloco / trainer, paired per repeat): median {summary['throughput_ratio']:.4f}, "
-        f"min {spread['min']:.4f}, max {spread['max']:.4f}, IQR/2 {100 * spread['iqr_half_rel']:.2f}% "
-        f"over {spread['n']} repeats; with statistics: {summary['throughput_ratio_with_stats']:.4f}; "
+        "\n"
+        + ratio_line("adloco / trainer", summary["throughput_ratio_spread"])
+        + f"; with statistics: {summary['throughput_ratio_with_stats']:.4f}; "
         f"on CPU time instead of wall time: {summary['throughput_ratio_cpu_time']:.4f}; from pooled per-step medians: "
         f"{summary['throughput_ratio_from_step_medians']:.4f}"
     )

@@ -1,14 +1,16 @@
-"""The corpus's train documents as JSON-lines shards in C4's schema (what `pretrain_c4.py --streaming` reads), and
-the stream's own throughput without training."""
+"""The streamed data of `--compare streaming` and `loader_processes`: the corpus's train documents as JSON-lines
+shards in C4's schema, read through `pretrain_c4.py --streaming`'s path (`load_document_stream` → `build_lm_stream`
+→ `PackedStream`), and the stream's own throughput without training."""
 
 import json
 import os
 import time
 
+from adloco_hf.data import build_lm_stream, load_document_stream, load_text_corpus
 from adloco_hf.inspection import SPLIT_COLUMN
 
 
-__all__ = ["EVAL_DOCUMENTS", "NUM_SHARDS", "stream_throughput", "write_shards"]
+__all__ = ["EVAL_DOCUMENTS", "NUM_SHARDS", "stream_throughput", "streamed_dataset", "write_shards"]
 
 NUM_SHARDS = 16
 EVAL_DOCUMENTS = 16
@@ -33,6 +35,20 @@ def write_shards(texts, cache_dir: str, num_shards: int = NUM_SHARDS) -> list[st
                 f.write(json.dumps({"text": text, "timestamp": "", "url": f"doc-{bounds[i] + row}"}) + "\n")
     os.replace(tmp, folder)
     return files
+
+
+def streamed_dataset(settings: dict, tokenizer):
+    """The settings' corpus streamed from its shards, `EVAL_DOCUMENTS` held out, `tokenize_documents` documents
+    tokenised whenever the carry holds less than a block."""
+    files = write_shards(load_text_corpus(settings["data"]["corpus"]), settings["cache_dir"])
+    streamed, _ = build_lm_stream(
+        load_document_stream("allenai/c4", data_files=files),
+        tokenizer,
+        block_size=settings["block_size"],
+        eval_documents=EVAL_DOCUMENTS,
+        tokenize_documents=settings["tokenize_documents"],
+    )
+    return streamed
 
 
 def stream_throughput(train, settings: dict, blocks: int) -> float:

@@ -1,7 +1,0 @@
-import sys
-
-from recipes.benchmarks.loader_processes.cli import main
-
-
-if __name__ == "__main__":
-    sys.exit(main())

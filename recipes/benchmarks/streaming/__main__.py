@@ -1,5 +1,0 @@
-from recipes.benchmarks.streaming.cli import main
-
-
-if __name__ == "__main__":
-    main()
