@@ -7,8 +7,9 @@ A round under live recovery, on every worker that is alive:
    (healing: the `state_dict` and `load_state_dict` given to it, sent by torchft's checkpoint transport). Returns the
    round's [`RoundMembers`]: the workers, their group, the round number they agreed on.
 2. The round's collectives, on `members.group` only, each through [`RoundQuorum.collective`] so that a failure (a
-   member died) marks the round as failed instead of raising: e.g. [`RoundQuorum.weighted_average`], or the outer
-   step's average with [`RoundQuorum.agree`] (which also votes).
+   member died) marks the round as failed instead of raising: e.g. [`RoundQuorum.weighted_average`],
+   [`RoundQuorum.gather`] (the members' reports), or the outer step's average with [`RoundQuorum.agree`] (which
+   also votes).
 3. [`RoundQuorum.commit`]: True when every member's collectives of the round succeeded (torchft's `should_commit`,
    itself a vote of all members); then the round number advances. On False the round's results are dropped by every
    member alike, and the next `begin_round` leaves out whoever died.
@@ -181,6 +182,14 @@ class RoundQuorum:
         if not self.collective(lambda: dist.all_reduce(buffer, group=self.group)):
             return None
         return (buffer[:-1] / buffer[-1]).reshape(tensor.shape)
+
+    def gather(self, obj: Any, members: RoundMembers) -> list[Any] | None:
+        """Every member's `obj` (picklable; e.g. its report of the round), in the members' order, or None when the
+        round failed."""
+        gathered: list[Any] = [None] * members.size
+        if not self.collective(lambda: dist.all_gather_object(gathered, obj, group=members.group)):
+            return None
+        return gathered
 
     def commit(self) -> bool:
         """Whether the round counts: every member's collectives succeeded (a vote of all members). True advances

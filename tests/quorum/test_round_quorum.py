@@ -79,6 +79,7 @@ def test_the_members_average_by_their_weights_and_agree(tmp_path, lighthouse):
     logs = [lines(tmp_path, i) for i in range(3)]
     assert [[line["round"] for line in log] for log in logs] == [[1, 2, 3]] * 3
     assert all(line["members"] == [0, 1, 2] for log in logs for line in log)  # a world of 3 workers
+    assert all(line["reports"] == line["members"] for log in logs for line in log)  # every member's, in order
     expected = [step([0, 1, 2]) * r for r in (1, 2, 3)]
     for log in logs:
         assert [line["phi"] for line in log] == [pytest.approx([value] * 4) for value in expected]
@@ -108,6 +109,7 @@ def test_survivors_go_on_without_a_killed_worker_who_heals_from_a_peer_when_it_r
     returned = after[0]["round"]
     assert returned > 4 and after[0]["healed"] and not any(line["healed"] for line in after[1:])
     assert {line["pid"] for line in after} != {line["pid"] for line in before}
+    assert all(line["reports"] == line["members"] for log in logs.values() for line in log)
     members = {line["round"]: line["members"] for line in logs[0]}
     assert [members[r] for r in (1, 2)] == [[0, 1, 2]] * 2
     assert all(members[r] == [0, 1] for r in range(3, returned))

@@ -5,7 +5,8 @@ process that runs rounds of weighted averages through `RoundQuorum`.
 
 Its state is φ (a vector) and the rounds it committed. Each round it contributes φ + (worker_id + 1) with weight
 worker_id + 1; a committed round's average becomes φ. A worker that heals takes a peer's φ and round number. After
-committing round r it writes a line to `{out}/worker{id}.jsonl` (the round number, the members, φ, healed, its pid),
+committing round r it writes a line to `{out}/worker{id}.jsonl` (the round number, the members, φ, healed, the
+workers whose reports it gathered, its pid),
 and where r is in `holds` it waits for the file `{out}/go{r}` before the next round. It stops after the first round
 r >= `rounds` that had `workers` members (its first round waits for them), pausing `pause` seconds between rounds (as training would).
 """
@@ -42,11 +43,13 @@ def main(spec: dict) -> None:
         wait_for = 1
         contribution = state["phi"] + (worker_id + 1)
         average = quorum.weighted_average(contribution, weight=worker_id + 1)
-        if not quorum.commit() or average is None:
+        reports = quorum.gather({"worker": worker_id, "pid": os.getpid()}, members)
+        if not quorum.commit() or average is None or reports is None:
             continue  # a member died inside the round: every member drops it
         state["phi"] = average
         done = members.round_number + 1
         line = {"round": done, "members": list(members.workers), "phi": average.tolist(), "healed": members.healed}
+        line["reports"] = [report["worker"] for report in reports]
         log.write(json.dumps({**line, "pid": os.getpid()}) + "\n")
         log.flush()
         if done >= spec["rounds"] and members.size == spec["workers"]:
