@@ -365,8 +365,18 @@ def build_parser() -> argparse.ArgumentParser:
     lighthouse = commands.add_parser("lighthouse", help="run the round quorum's lighthouse (adloco_hf/quorum/)")
     lighthouse.add_argument("--port", type=int, default=29510, help="the port, on every interface (0: a free one)")
     lighthouse.add_argument("--min_workers", type=int, default=1, help="the fewest workers a round may have")
-    lighthouse.add_argument("--join_timeout", type=float, default=1.0, help="seconds a quorum waits for late workers")
-    lighthouse.add_argument("--heartbeat_timeout", type=float, default=5.0, help="seconds of silence: a dead worker")
+    lighthouse.add_argument(
+        "--join_timeout",
+        type=float,
+        default=1800.0,
+        help="seconds a quorum waits for a live, late worker (worker_timeout)",
+    )
+    lighthouse.add_argument(
+        "--heartbeat_timeout",
+        type=float,
+        default=45.0,
+        help="seconds of silence that make a worker dead (peer_timeout)",
+    )
     lighthouse.set_defaults(handler=_lighthouse)
     return parser
 

@@ -1,7 +1,15 @@
 """The lighthouse: the one service every worker asks, each round, which workers are alive (torchft's
 `LighthouseServer`, a Rust gRPC server). It forms a quorum once `min_workers` workers have asked and either every
-worker of the last quorum has asked again or `join_timeout` has passed; a worker whose heartbeats stop for
-`heartbeat_timeout` is left out of the next quorum.
+worker that is alive (heartbeating) has asked or `join_timeout` has passed; a worker whose heartbeats (every 0.1 s,
+on a thread of their own) stop for `heartbeat_timeout` is dead for the next quorum.
+
+The two timeouts are AdLoCo's two (docs/faults.md#timeouts), and default to their defaults:
+
+- `heartbeat_timeout` is `peer_timeout` (45 s): it names the dead. A dead worker's heartbeats stop, and the next
+  quorum forms without it once they have been silent that long, with no wait for `join_timeout`.
+- `join_timeout` is `worker_timeout` (1800 s): it bounds the wait for a worker that is alive but late at a round's
+  end (a slower machine, a longer save). Shorter than the spread of a round's end between healthy workers, it would
+  leave a slow worker out of rounds it was about to join (it would then heal and join the next).
 
 Start one per job, on a machine every worker reaches, before the workers:
 
@@ -33,15 +41,15 @@ class LighthouseSettings:
     Attributes:
         port: the port it listens on, on every interface (0: a free one; `address()` names it).
         min_workers: the fewest workers a round may have: with fewer alive the workers wait for more.
-        join_timeout: how long a quorum waits for the workers of the last one that have not asked yet.
-        heartbeat_timeout: silence after which a worker counts as dead.
+        join_timeout: how long a quorum waits for a live worker that has not asked yet (`worker_timeout`).
+        heartbeat_timeout: silence after which a worker counts as dead (`peer_timeout`).
         quorum_tick: how often the lighthouse checks whether a quorum can form.
     """
 
     port: int = 0
     min_workers: int = 1
-    join_timeout: float = 1.0
-    heartbeat_timeout: float = 5.0
+    join_timeout: float = 1800.0  # worker_timeout's default
+    heartbeat_timeout: float = 45.0  # peer_timeout's default
     quorum_tick: float = 0.1
 
     def __post_init__(self):

@@ -71,7 +71,8 @@ class RoundQuorum:
         state_dict: what a peer that heals from this worker receives (called between rounds).
         load_state_dict: applies what this worker receives when it heals.
         min_workers: the fewest workers a round may have.
-        timeout: how long a collective, a quorum or a connection may take before the round fails.
+        timeout: how long a collective, a quorum or a connection may take before the round fails (`worker_timeout`:
+            above the lighthouse's `join_timeout`, so that a quorum's wait for a late worker ends first).
         hostname: the address peers reach this worker's store and checkpoint server at.
     """
 
@@ -83,7 +84,7 @@ class RoundQuorum:
         state_dict: Callable[[], dict[str, Any]],
         load_state_dict: Callable[[dict[str, Any]], None],
         min_workers: int = 1,
-        timeout: float = 60.0,
+        timeout: float = 1800.0,
         hostname: str = "127.0.0.1",
     ):
         torchft = import_torchft()

@@ -145,6 +145,15 @@ def test_the_extra_pins_the_release_the_quorum_is_built_on():
     assert f'"ft": ["{TORCHFT_REQUIREMENT}"]' in setup
 
 
+def test_the_lighthouse_s_timeouts_default_to_adloco_s():
+    from adloco_hf import AdLoCoConfig
+    from adloco_hf.config.timeouts import DEFAULT_PEER_TIMEOUT
+
+    defaults = LighthouseSettings()
+    assert defaults.heartbeat_timeout == DEFAULT_PEER_TIMEOUT  # names the dead: peer_timeout
+    assert defaults.join_timeout == AdLoCoConfig.__dataclass_fields__["worker_timeout"].default  # bounds the waits
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [("min_workers", 0, "min_workers=0"), ("port", 70000, "port=70000"), ("join_timeout", 0, "join_timeout=0")],
