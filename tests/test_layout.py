@@ -480,3 +480,12 @@ def test_every_benchmark_named_in_the_code_tests_and_docs_exists():
 def test_the_stale_benchmark_check_can_fail():
     text = "see `recipes/benchmarks/links.py`, `recipes.benchmarks._convergence_worker` and recipes.benchmarks.links"
     assert stale_benchmark_names(text) == ["recipes/benchmarks/links.py", "recipes.benchmarks._convergence_worker"]
+
+
+def test_no_two_test_files_share_a_name():
+    """pytest imports each test file by its base name (no `__init__.py` under tests/): a second file of the same name
+    in another folder fails to collect ("import file mismatch") on a clean clone."""
+    names: dict[str, list[str]] = {}
+    for path in (REPO / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}

@@ -40,7 +40,7 @@ class FixedPrices(Clock):
         self.seconds += max(sent_bytes, default=0) / 12.5e6  # the busiest sender's bytes over 100 Mbit/s
 ```
 
-`recipes/benchmarks/toolkit/virtual_clock.py` is the benchmarks' virtual clock: a device profile for the steps, the
+`recipes/benchmarks/toolkit/clock/virtual_clock.py` is the benchmarks' virtual clock: a device profile for the steps, the
 ring model of a link for the outer step, and the busiest sender for a merge.
 """
 

@@ -21,7 +21,7 @@ training tokens reach the budget. Each method is one `accelerate launch` of the 
 | `diloco_overlap_int4` | `diloco` with both `outer_overlap=True` and `pseudo_grad_compression="int4"` |
 | `adloco_int8`, `adloco_int4`, `adloco_overlap` | `adloco` with the same single change |
 | `adloco_adam_noise` | `adloco` with `noise_preconditioner="adam"`: the norm test reads the statistics in Adam's metric |
-| `diloco_slow1`, `adloco_slow1` | `diloco` / `adloco` with one of the workers (the last rank) in a cgroup with a CPU quota of a quarter of a core (`toolkit/cgroups.py`): equal batches wait for it every round |
+| `diloco_slow1`, `adloco_slow1` | `diloco` / `adloco` with one of the workers (the last rank) in a cgroup with a CPU quota of a quarter of a core (`toolkit/testbeds/cgroups.py`): equal batches wait for it every round |
 | `diloco_balanced`, `adloco_balanced` | the same slow worker with `worker_batch_split="speed"`: each worker's share of the instance's batch follows its measured speed |
 | `diloco_streaming`, `diloco_streaming_int4`, `adloco_streaming`, `adloco_streaming_int4` | `diloco` / `adloco` as Streaming DiLoCo (`STREAMING`: 5 fragments, each all-reduce overlapped with H // 5 inner steps, α = 0.5), with bf16 or int4 pseudo-gradients |
 | `diloco_b4`, `diloco_b8`, `diloco_b16` | `diloco` at that fixed per-worker batch, learning rate × √(b / 4) (issue 25) |

@@ -14,7 +14,7 @@ with a short sweep, with no winner's curse (issue 51).
    in turn, the method's time to that batch's perplexity at the budget over the batch's own time (paired by seed
    and batch): what the method gains over a batch picked without a sweep.
 
-Every time is in virtual seconds on the run's own clock (`toolkit/virtual_clock.py`): a run that stops late (a merge
+Every time is in virtual seconds on the run's own clock (`toolkit/clock/virtual_clock.py`): a run that stops late (a merge
 that ends its last round past the budget) is compared on its curve, never on its final line.
 """
 

@@ -1,7 +1,7 @@
 """`--clock virtual`: the methods compared in virtual seconds, over each bandwidth of the run, paired by seed.
 
 Every run's evaluations carry the virtual seconds at which they happened on each of its clock's links
-(`toolkit/virtual_clock.py`); a method whose decisions read the clock ran once per bandwidth, any other once for
+(`toolkit/clock/virtual_clock.py`); a method whose decisions read the clock ran once per bandwidth, any other once for
 all of them. Per bandwidth and seed:
 
 - **ppl at the budget**: the eval curve (log-perplexity linear in virtual seconds) at the budget `V` of that

@@ -1,7 +1,7 @@
 """Device profiles for the virtual clock (`convergence --clock virtual --device_profile FILE`), written with their
 source: from `gpu_bench`'s throughput step on a GPU, or from `overhead --step_profile` (CPU workers under the same
 contention as a launch's). What each profile measured and what it interpolates is in the file
-(`toolkit/device_profiles.py`).
+(`toolkit/clock/device_profiles.py`).
 
     # The H200 profile of docs/results/device_profiles/ (MicroLlama's shape, compiled, bf16; α and ω estimated):
     python -m recipes.benchmarks.device_profile --throughput docs/results/device_profiles/nvidia-h200-throughput-300m.json \\

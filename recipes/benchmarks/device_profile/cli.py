@@ -7,8 +7,8 @@ import os
 import shlex
 import sys
 
-from recipes.benchmarks.toolkit.device_profiles import load_profile, profile_from_throughput
-from recipes.benchmarks.toolkit.link_model import DeviceProfile
+from recipes.benchmarks.toolkit.clock.device_profiles import load_profile, profile_from_throughput
+from recipes.benchmarks.toolkit.clock.link_model import DeviceProfile
 from recipes.benchmarks.toolkit.results import write_json
 
 

@@ -32,12 +32,12 @@ import os
 import statistics
 
 from recipes.benchmarks.gpu_bench import LAUNCHES_SUFFIX
-from recipes.benchmarks.toolkit.device_profiles import PRICED
+from recipes.benchmarks.toolkit.clock.device_profiles import PRICED
+from recipes.benchmarks.toolkit.clock.link_model import DeviceProfile, Link, control_seconds
+from recipes.benchmarks.toolkit.clock.virtual_clock import VirtualClock
 from recipes.benchmarks.toolkit.figures import pyplot, save_figure
-from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, control_seconds
 from recipes.benchmarks.toolkit.results import write_json
 from recipes.benchmarks.toolkit.traffic import ring_all_reduce_bytes
-from recipes.benchmarks.toolkit.virtual_clock import VirtualClock
 
 
 __all__ = ["fit", "load_launch", "main", "measured_rounds", "pack_launch", "replay"]
@@ -58,7 +58,7 @@ ROW_KEYS = (
 )  # what the replay reads of a rounds file's line
 
 
-# How the fitted profile's quantities were obtained (`toolkit/device_profiles.py`'s `sources`).
+# How the fitted profile's quantities were obtained (`toolkit/clock/device_profiles.py`'s `sources`).
 FITTED_SOURCES = {
     "micro_batch_seconds": "fitted: α + β b over the steps of the fitting launches (no size measured alone)",
     "outer_seconds": "fitted: a round's seconds beyond its inner steps and its all-reduce",
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
             checks[step][method] = {**summary(rounds), "per_round": rounds}
     out = {"results": args.results, "fit": args.fit, "fitted": fitted, "profile": profile.to_json(),
            "link": {"bits_per_second": link.bandwidth_bits_per_second, "latency_seconds": link.latency_seconds},
-           "checks": checks, "note": "virtual: priced by toolkit/virtual_clock.py (simulated); measured: the "
+           "checks": checks, "note": "virtual: priced by toolkit/clock/virtual_clock.py (simulated); measured: the "
            "launches' round marks, evaluations taken out"}  # fmt: skip
     write_json(args.output, out)
     print(f"fitted on {args.fit}: α {fitted['alpha_seconds'] * 1e3:.2f} ms a pass, β "

@@ -10,7 +10,7 @@ default) exist only inside these namespaces. Every worker is launched as its own
         --module recipes.benchmarks.toolkit.worker SPEC_JSON
 
 with `GLOO_SOCKET_IFNAME=lnkK`, so torchrun's rendezvous and the whole gloo world run over the limited links (the
-command is `adloco_hf.testing.launch_command`'s, one per machine: `toolkit/machines.py`). The methods, their
+command is `adloco_hf.testing.launch_command`'s, one per machine: `toolkit/testbeds/machines.py`). The methods, their
 settings and the worker are the toolkit's, as `convergence` runs them (`methods.py`, `settings.py`, `runs.prepare`,
 `worker/`; every convergence option such as `--budget_tokens`, `--inner_steps` or `--set` is accepted here too).
 
@@ -56,8 +56,8 @@ Outputs in `--output_dir` (default `outputs/benchmarks/links`): `results.json`
 
 Namespaces, links, bridge and qdiscs are removed on every exit (finally, SIGTERM, SIGINT, SIGHUP; further signals
 are ignored while they are removed), and leftovers with the same names are removed before the start. The testbed
-itself (`LinkPlan`, the `ip`/`tc` commands, `Testbed`, `Sampler`, `teardown`) is `toolkit/testbed.py`, a run's
-machines on it `toolkit/machines.py`; this package keeps the records (`records.py`), the targets and the check
+itself (`LinkPlan`, the `ip`/`tc` commands, `Testbed`, `Sampler`, `teardown`) is `toolkit/testbeds/testbed.py`, a run's
+machines on it `toolkit/testbeds/machines.py`; this package keeps the records (`records.py`), the targets and the check
 (`checks.py`), the report and the plot (`report.py`) and the command line (`cli.py`).
 """
 

@@ -9,7 +9,6 @@ import time
 from recipes.benchmarks.links.checks import PRIMARY, add_reference_figures, add_targets, check_links
 from recipes.benchmarks.links.records import record
 from recipes.benchmarks.links.report import fmt, format_report, plot
-from recipes.benchmarks.toolkit.machines import launch_machines, machine_info
 from recipes.benchmarks.toolkit.methods import METHODS
 from recipes.benchmarks.toolkit.options import parse_run_args
 from recipes.benchmarks.toolkit.paths import REPO
@@ -23,7 +22,8 @@ from recipes.benchmarks.toolkit.settings import (
     run_order,
     shared_settings,
 )
-from recipes.benchmarks.toolkit.testbed import (
+from recipes.benchmarks.toolkit.testbeds.machines import launch_machines, machine_info
+from recipes.benchmarks.toolkit.testbeds.testbed import (
     LATENCY_MS,
     SAMPLE_SECONDS,
     LinkPlan,

@@ -14,14 +14,13 @@ Training runs of the compared methods (`convergence`, `links`, `gpu_bench`):
 - `worker/`: what every launched worker runs (`python -m recipes.benchmarks.toolkit.worker SPEC_JSON`);
 - `data`: a spec's corpus, tokenizer, packed blocks, model and eval perplexity;
 - `step_times`: timestamps of every inner step around AdLoCo's own callback (one process, no launch);
-- `link_model`: links, device profiles (step seconds by micro-batch size) and the time of a ring all-reduce and of
-  small control collectives;
-  `virtual_clock`: the library's `Clock` priced by a device profile and links, the worker's `--clock virtual`;
-  `device_profiles`: the profiles kept under `docs/results/device_profiles/`, read with their source.
+- `clock/`: the virtual clock's parts: `link_model` (links, device profiles, the time of a ring all-reduce and of small
+  control collectives), `virtual_clock` (the library's `Clock` priced by a device profile and links, the worker's
+  `--clock virtual`), `device_profiles` (the profiles kept under `docs/results/device_profiles/`, with their source).
 
-Testbeds (root):
-- `testbed`: one network namespace per worker, links rate-limited by `tc tbf`; `machines`: a run's machines on it;
-- `cgroups`: a slow worker, in a cgroup with a CPU quota.
+Testbeds (root), `testbeds/`: `testbed`, one network namespace per worker, links rate-limited by `tc tbf`;
+`machines`, a run's machines on it; `link_faults`, a link cut, stalled or slowed while a run trains; `cgroups`, a
+slow worker, in a cgroup with a CPU quota.
 
 Comparing runs: `resumed_runs`, what a resumed run must reproduce of an uninterrupted one; `rank_files`: the
 workers' per-rank JSON-lines files (progress, phases), read as they grow.

@@ -7,7 +7,7 @@ import sys
 
 from recipes.benchmarks.toolkit.methods import DEFAULT_METHODS, METHODS
 from recipes.benchmarks.toolkit.settings import check_matched
-from recipes.benchmarks.toolkit.testbed import parse_rate
+from recipes.benchmarks.toolkit.testbeds.testbed import parse_rate
 
 
 __all__ = ["chosen_names", "parse_run_args"]
@@ -43,7 +43,7 @@ def parse_run_args(argv: list[str] | None = None, description: str | None = None
         choices=["real", "virtual"],
         default="real",
         help="virtual: every step priced by --device_profile and every round's communication by the link model at "
-        "each --bandwidth (toolkit/virtual_clock.py); seconds, budgets and the goodput rule's timings are virtual.",
+        "each --bandwidth (toolkit/clock/virtual_clock.py); seconds, budgets and the goodput rule's timings are virtual.",
     )
     parser.add_argument("--device_profile", default=None, help="The virtual clock's device profile (JSON).")
     parser.add_argument(

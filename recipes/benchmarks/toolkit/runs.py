@@ -12,11 +12,11 @@ import os
 import torch
 
 from adloco_hf.testing import launch_command, run_workers
-from recipes.benchmarks.toolkit import cgroups
 from recipes.benchmarks.toolkit.data import load_data, make_model, perplexity
 from recipes.benchmarks.toolkit.methods import METHODS
 from recipes.benchmarks.toolkit.paths import OFFLINE, REPO
 from recipes.benchmarks.toolkit.results import human_bytes, write_json
+from recipes.benchmarks.toolkit.testbeds import cgroups
 
 
 __all__ = ["LOCATION_KEYS", "WORKER_MODULE", "launch", "prepare", "run_method", "runnable", "same_run", "slow_group"]

@@ -11,10 +11,10 @@ import json
 import math
 import os
 
-from recipes.benchmarks.toolkit.device_profiles import load_profile
+from recipes.benchmarks.toolkit.clock.device_profiles import load_profile
 from recipes.benchmarks.toolkit.methods import METHODS
 from recipes.benchmarks.toolkit.paths import REPO
-from recipes.benchmarks.toolkit.testbed import parse_rate
+from recipes.benchmarks.toolkit.testbeds.testbed import parse_rate
 
 
 __all__ = [

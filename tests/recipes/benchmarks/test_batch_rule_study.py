@@ -12,10 +12,11 @@ import pytest
 from recipes.benchmarks import convergence
 from recipes.benchmarks.convergence import study
 from recipes.benchmarks.convergence.lr_study import compare_schedules
-from recipes.benchmarks.toolkit import device_profiles, settings, stats
-from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, ring_all_reduce_seconds
+from recipes.benchmarks.toolkit import settings, stats
+from recipes.benchmarks.toolkit.clock import device_profiles
+from recipes.benchmarks.toolkit.clock.link_model import DeviceProfile, Link, ring_all_reduce_seconds
+from recipes.benchmarks.toolkit.clock.virtual_clock import VirtualClock
 from recipes.benchmarks.toolkit.paths import REPO
-from recipes.benchmarks.toolkit.virtual_clock import VirtualClock
 
 
 def points(pairs):

@@ -1,4 +1,4 @@
-"""The slow-worker testbed (`recipes/benchmarks/toolkit/cgroups.py`): a real cgroup with a CPU quota, joined by a
+"""The slow-worker testbed (`recipes/benchmarks/toolkit/testbeds/cgroups.py`): a real cgroup with a CPU quota, joined by a
 listed rank, removed on every exit path (a normal end, an exception, SIGTERM, and a SIGKILLed benchmark's leftover
 removed by the next one). Skipped, with the reason, where this machine cannot make one."""
 
@@ -10,8 +10,8 @@ import sys
 import pytest
 from helpers import REPO
 
-from recipes.benchmarks.toolkit import cgroups as slow
 from recipes.benchmarks.toolkit.runs import slow_group
+from recipes.benchmarks.toolkit.testbeds import cgroups as slow
 
 
 def _parent_or_skip() -> tuple[str, str]:
@@ -54,7 +54,7 @@ def test_a_listed_rank_joins_the_group_with_its_quota_and_the_group_goes_at_the_
             for name, value in slow.quota_lines(0.25, version).items():
                 assert _read(os.path.join(group, name)) == value
             env = {slow.ENV_PROCS: procs, slow.ENV_RANKS: "1,3"}
-            join = "import time; from recipes.benchmarks.toolkit.cgroups import join_from_environment as j; "
+            join = "import time; from recipes.benchmarks.toolkit.testbeds.cgroups import join_from_environment as j; "
             joined = _child(join + "print(j(3), flush=True); time.sleep(600)", **env)  # rank 3 is listed
             left_out = _child(join + "print(j(0), flush=True)", **env)
             assert joined.stdout.readline().strip() == "True"
@@ -83,7 +83,7 @@ def test_the_group_is_removed_when_the_benchmark_raises():
 def test_the_group_is_removed_on_sigterm_and_a_sigkilled_benchmark_s_by_the_next_one():
     parent, _ = _parent_or_skip()
     hold = (
-        "import time; from recipes.benchmarks.toolkit.cgroups import cpu_quota_group as g\n"
+        "import time; from recipes.benchmarks.toolkit.testbeds.cgroups import cpu_quota_group as g\n"
         "with g(0.25) as procs:\n    print(procs, flush=True)\n    time.sleep(600)\n"
     )
     terminated = _child(hold)

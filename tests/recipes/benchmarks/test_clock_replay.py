@@ -8,7 +8,7 @@ import pytest
 from helpers import REPO
 
 from recipes.benchmarks.device_profile import replay
-from recipes.benchmarks.toolkit.link_model import Link, control_seconds, ring_all_reduce_seconds
+from recipes.benchmarks.toolkit.clock.link_model import Link, control_seconds, ring_all_reduce_seconds
 
 
 H200_RESULTS = os.path.join(REPO, "docs", "results", "gpu", "nvidia-h200-2026-11-27")

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from recipes.benchmarks import links
-from recipes.benchmarks.toolkit import testbed
+from recipes.benchmarks.toolkit.testbeds import testbed
 
 
 def test_two_workers_of_two_processes_settings_and_records():

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from recipes.benchmarks import convergence
-from recipes.benchmarks.toolkit import cgroups, runs
+from recipes.benchmarks.toolkit import runs
 from recipes.benchmarks.toolkit.methods import DEFAULT_METHODS, METHODS
 from recipes.benchmarks.toolkit.settings import (
     check_epochs,
@@ -19,6 +19,7 @@ from recipes.benchmarks.toolkit.settings import (
     run_order,
     shared_settings,
 )
+from recipes.benchmarks.toolkit.testbeds import cgroups
 from recipes.benchmarks.toolkit.worker import arguments
 
 

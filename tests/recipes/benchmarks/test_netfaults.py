@@ -1,4 +1,4 @@
-"""`faults network` (`recipes/benchmarks/faults/network/`, `toolkit/link_faults.py`): the scenarios, the links'
+"""`faults network` (`recipes/benchmarks/faults/network/`, `toolkit/testbeds/link_faults.py`): the scenarios, the links'
 commands and their undo on every exit, when each action takes effect, the figures of a run, the targets and the table
 (pure: no namespace is made here; `test_netfaults_end_to_end.py` runs one scenario on the testbed)."""
 
@@ -10,14 +10,14 @@ from recipes.benchmarks.faults import network as netfaults
 from recipes.benchmarks.faults.network.driver import event_time, worker_spec
 from recipes.benchmarks.faults.network.phases import Phases
 from recipes.benchmarks.faults.progress import Progress
-from recipes.benchmarks.toolkit.link_faults import (
+from recipes.benchmarks.toolkit.testbeds.link_faults import (
     LinkFaults,
     cut_command,
     heal_commands,
     partition_commands,
     restore_command,
 )
-from recipes.benchmarks.toolkit.testbed import LinkPlan
+from recipes.benchmarks.toolkit.testbeds.testbed import LinkPlan
 
 
 PLAN = LinkPlan(workers=4, prefix="adnf", subnet="10.213.89")

@@ -12,9 +12,9 @@ import pytest
 from adloco_hf.testing import free_port, run_workers
 from recipes.benchmarks.faults import network as netfaults
 from recipes.benchmarks.faults.network.launch import machine_env, torchrun_command
-from recipes.benchmarks.toolkit import testbed
 from recipes.benchmarks.toolkit.paths import REPO
-from recipes.benchmarks.toolkit.testbed import LinkPlan, unavailable_reason
+from recipes.benchmarks.toolkit.testbeds import testbed
+from recipes.benchmarks.toolkit.testbeds.testbed import LinkPlan, unavailable_reason
 
 
 # Each worker: the default group formed as a user's script forms it (env://, from the MASTER_ADDR that torchrun's

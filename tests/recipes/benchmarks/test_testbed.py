@@ -1,4 +1,4 @@
-"""The links testbed (`toolkit/testbed.py`) and a run's machines on it (`toolkit/machines.py`): the address plan, the
+"""The links testbed (`toolkit/testbeds/testbed.py`) and a run's machines on it (`toolkit/testbeds/machines.py`): the address plan, the
 tc/ip commands, each machine's launch, and the teardown (with a fake `ip`: no namespace is created or deleted)."""
 
 import os
@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from recipes.benchmarks import links
-from recipes.benchmarks.toolkit import machines, testbed
+from recipes.benchmarks.toolkit.testbeds import machines, testbed
 
 
 def test_the_plan_names_namespaces_links_and_private_addresses():

@@ -10,7 +10,8 @@ import socket
 import pytest
 from helpers import REPO
 
-from recipes.benchmarks.toolkit import link_model, results, settings, stats, traffic
+from recipes.benchmarks.toolkit import results, settings, stats, traffic
+from recipes.benchmarks.toolkit.clock import link_model
 
 
 BENCHMARKS = os.path.join(REPO, "recipes", "benchmarks")

@@ -1,4 +1,4 @@
-"""The virtual clock (`toolkit/virtual_clock.py`), the device profiles it prices with (`toolkit/device_profiles.py`)
+"""The virtual clock (`toolkit/clock/virtual_clock.py`), the device profiles it prices with (`toolkit/clock/device_profiles.py`)
 and `convergence --clock virtual`'s comparison (`convergence/virtual.py`): prices on hand-computed cases; a real
 one-worker run timed by it takes the same decisions and virtual seconds twice, and its goodput rule fits the
 profile's own α and β."""
@@ -15,10 +15,11 @@ from helpers import rounds_of, sequence_dataset, tiny_model, tiny_run_config
 from adloco_hf import AdLoCoTrainer
 from recipes.benchmarks import convergence
 from recipes.benchmarks.convergence import virtual
-from recipes.benchmarks.toolkit import device_profiles, settings, stats
-from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link
+from recipes.benchmarks.toolkit import settings, stats
+from recipes.benchmarks.toolkit.clock import device_profiles
+from recipes.benchmarks.toolkit.clock.link_model import DeviceProfile, Link
+from recipes.benchmarks.toolkit.clock.virtual_clock import VirtualClock, clock_from_spec
 from recipes.benchmarks.toolkit.paths import REPO
-from recipes.benchmarks.toolkit.virtual_clock import VirtualClock, clock_from_spec
 
 
 H200 = os.path.join(REPO, "docs", "results", "device_profiles", "nvidia-h200-microllama.json")

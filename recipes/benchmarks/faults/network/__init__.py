@@ -1,9 +1,9 @@
 """Network faults (issue 42): links that drop, stall, slow down or split, under the elastic launcher.
 
-Four machines on the links testbed (`toolkit/testbed.py`: a network namespace each, joined by a bridge, every link
+Four machines on the links testbed (`toolkit/testbeds/testbed.py`: a network namespace each, joined by a bridge, every link
 `tc tbf`-limited both ways), each its own elastic launcher with `--max_restarts` and the benchmark worker's fault run
 (`recipes/benchmarks/toolkit/worker/fault_run.py`, `train(resume_from_checkpoint="auto")`), as the soak family runs
-it. The benchmark cuts, flaps, slows and splits the links from outside (`toolkit/link_faults.py`), at points of the
+it. The benchmark cuts, flaps, slows and splits the links from outside (`toolkit/testbeds/link_faults.py`), at points of the
 run it reads from the workers' progress and phase files, and restores every link on every exit path. Per scenario:
 what the user saw, the seconds from the fault to the lost worker being named and to the first step after it, the
 steps trained again, and the final merged model against the same run's without the fault.

@@ -12,12 +12,12 @@ from recipes.benchmarks.faults.network.measure import round_figures, summary, wo
 from recipes.benchmarks.faults.network.report import check_targets, format_report, plot, write_doc
 from recipes.benchmarks.faults.network.scenarios import CONFIG, SCENARIO_NAMES, TIMEOUT_KEYS, Scenario, scenarios
 from recipes.benchmarks.faults.progress import Progress, thin_timeline
-from recipes.benchmarks.toolkit.machines import machine_info
 from recipes.benchmarks.toolkit.options import chosen_names
 from recipes.benchmarks.toolkit.paths import RESULTS
 from recipes.benchmarks.toolkit.results import read_json, write_json, write_report
 from recipes.benchmarks.toolkit.resumed_runs import merged_weights
-from recipes.benchmarks.toolkit.testbed import (
+from recipes.benchmarks.toolkit.testbeds.machines import machine_info
+from recipes.benchmarks.toolkit.testbeds.testbed import (
     LinkPlan,
     NamespacesUnavailable,
     Testbed,

@@ -10,8 +10,8 @@ from recipes.benchmarks.faults.network.launch import POLL_SECONDS, Machines
 from recipes.benchmarks.faults.network.phases import Phases
 from recipes.benchmarks.faults.network.scenarios import Action, Scenario
 from recipes.benchmarks.faults.progress import Progress
-from recipes.benchmarks.toolkit.link_faults import FaultEvent, LinkFaults
-from recipes.benchmarks.toolkit.testbed import Testbed
+from recipes.benchmarks.toolkit.testbeds.link_faults import FaultEvent, LinkFaults
+from recipes.benchmarks.toolkit.testbeds.testbed import Testbed
 
 
 __all__ = ["Watched", "event_time", "run_scenario", "worker_spec"]

@@ -17,7 +17,7 @@ import time
 from adloco_hf.testing import launch_command
 from recipes.benchmarks.faults.worker import WORKER_MODULE, run_launch, write_spec
 from recipes.benchmarks.toolkit.paths import OFFLINE
-from recipes.benchmarks.toolkit.testbed import LinkPlan, kill_namespace_processes
+from recipes.benchmarks.toolkit.testbeds.testbed import LinkPlan, kill_namespace_processes
 
 
 __all__ = [

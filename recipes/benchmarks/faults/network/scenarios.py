@@ -1,7 +1,7 @@
 """The scenarios of `faults network` (pure): what each does to the links, when, under which launcher, and what it
 expects.
 
-A scenario is a list of `Action`s on the testbed's links (`toolkit.link_faults`), each taking effect `delay` seconds
+A scenario is a list of `Action`s on the testbed's links (`toolkit.testbeds.link_faults`), each taking effect `delay` seconds
 after an event of the run (`When`): the first worker entering a round's outer step or a merge at or after a step
 (`phases-rank{R}.jsonl`), the furthest worker completing a step (`progress-rank{R}.jsonl`), or the previous action.
 A link that is never restored stays down until the run has ended (the benchmark's exit restores every link).

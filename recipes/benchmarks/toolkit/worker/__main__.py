@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 from transformers import default_data_collator
 
-from recipes.benchmarks.toolkit.cgroups import join_from_environment
+from recipes.benchmarks.toolkit.clock.virtual_clock import clock_from_spec
 from recipes.benchmarks.toolkit.data import load_data, make_model
+from recipes.benchmarks.toolkit.testbeds.cgroups import join_from_environment
 from recipes.benchmarks.toolkit.traffic import ring_all_reduce_bytes, socket_bytes_sent
-from recipes.benchmarks.toolkit.virtual_clock import clock_from_spec
 from recipes.benchmarks.toolkit.worker import FAULTS
 from recipes.benchmarks.toolkit.worker.arguments import make_arguments
 from recipes.benchmarks.toolkit.worker.callbacks import (

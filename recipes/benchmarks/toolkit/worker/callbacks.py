@@ -90,7 +90,7 @@ class RoundMarks(TrainerCallback):
 
 
 class VirtualRounds(TrainerCallback):
-    """With a virtual clock (`toolkit/virtual_clock.py`), at the end of every round (added after AdLoCo's callback,
+    """With a virtual clock (`toolkit/clock/virtual_clock.py`), at the end of every round (added after AdLoCo's callback,
     so the round, its outer step and any merge are priced): every worker's seconds become the slowest worker's on
     every link (one all-reduce of the clock's seconds, as the round end waits for the slowest), the round's end is
     recorded, and training stops once every link has reached its `budget` of virtual seconds (None: no budget)."""

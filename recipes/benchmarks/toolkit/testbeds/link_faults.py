@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from recipes.benchmarks.toolkit.testbed import LATENCY_MS, LinkPlan, Testbed, default_burst, tbf_command
+from recipes.benchmarks.toolkit.testbeds.testbed import LATENCY_MS, LinkPlan, Testbed, default_burst, tbf_command
 
 
 __all__ = [

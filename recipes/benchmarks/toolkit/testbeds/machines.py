@@ -17,7 +17,7 @@ import time
 from adloco_hf.testing import free_port, launch_command, run_workers
 from recipes.benchmarks.toolkit.paths import OFFLINE, REPO
 from recipes.benchmarks.toolkit.runs import WORKER_MODULE, slow_group
-from recipes.benchmarks.toolkit.testbed import LinkPlan, Testbed, kill_namespace_processes
+from recipes.benchmarks.toolkit.testbeds.testbed import LinkPlan, Testbed, kill_namespace_processes
 
 
 __all__ = ["FAILURE_GRACE_SECONDS", "launch_machines", "machine_command", "machine_info"]

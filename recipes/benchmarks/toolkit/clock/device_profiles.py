@@ -48,7 +48,7 @@ def load_profile(path: str) -> dict:
         profile = json.load(f)
     missing = [key for key in REQUIRED if key not in profile]
     if missing:
-        raise ValueError(f"{path}: a device profile needs {', '.join(missing)} (toolkit/device_profiles.py)")
+        raise ValueError(f"{path}: a device profile needs {', '.join(missing)} (toolkit/clock/device_profiles.py)")
     seconds = profile["micro_batch_seconds"]
     if not seconds or any(not float(s) > 0 for s in seconds.values()):
         raise ValueError(f"{path}: micro_batch_seconds must give positive seconds for at least one size")

@@ -36,7 +36,7 @@ same order on every run, so a seed's virtual seconds repeat to the last bit.
 from collections.abc import Sequence
 
 from adloco_hf.inspection import Clock
-from recipes.benchmarks.toolkit.link_model import DeviceProfile, Link, control_seconds, ring_all_reduce_seconds
+from recipes.benchmarks.toolkit.clock.link_model import DeviceProfile, Link, control_seconds, ring_all_reduce_seconds
 
 
 __all__ = ["VirtualClock", "bytes_scale", "clock_from_spec"]
