@@ -57,8 +57,8 @@ def _resplit(instance: Instance, workers: tuple[int, ...], unit: int) -> Instanc
         kept = [share for worker, share in zip(instance.workers, instance.shares) if worker in workers]
         if len(kept) == len(workers):  # no joiner: the live workers' speeds still say how to split
             shares = resize_split(kept, request * len(workers), unit=unit, minimum=unit) or ()
-    resized = replace(instance, workers=workers, shares=())
-    return replace(resized.with_batch_size(request), shares=shares)
+    # demand=-1: the row's own default, the request × its workers (`Instance.__post_init__`)
+    return replace(instance, workers=workers, batch_size=request, demand=-1.0, shares=shares)
 
 
 def table_for_members(

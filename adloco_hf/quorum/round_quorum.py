@@ -184,11 +184,11 @@ class RoundQuorum:
             return None
         return (buffer[:-1] / buffer[-1]).reshape(tensor.shape)
 
-    def gather(self, obj: Any, members: RoundMembers) -> list[Any] | None:
+    def gather(self, obj: Any) -> list[Any] | None:
         """Every member's `obj` (picklable; e.g. its report of the round), in the members' order, or None when the
         round failed."""
-        gathered: list[Any] = [None] * members.size
-        if not self.collective(lambda: dist.all_gather_object(gathered, obj, group=members.group)):
+        gathered: list[Any] = [None] * self.manager.num_participants()
+        if not self.collective(lambda: dist.all_gather_object(gathered, obj, group=self.group)):
             return None
         return gathered
 

@@ -43,7 +43,7 @@ def main(spec: dict) -> None:
         wait_for = 1
         contribution = state["phi"] + (worker_id + 1)
         average = quorum.weighted_average(contribution, weight=worker_id + 1)
-        reports = quorum.gather({"worker": worker_id, "pid": os.getpid()}, members)
+        reports = quorum.gather({"worker": worker_id, "pid": os.getpid()})
         if not quorum.commit() or average is None or reports is None:
             continue  # a member died inside the round: every member drops it
         state["phi"] = average
