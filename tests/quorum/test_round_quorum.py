@@ -67,7 +67,9 @@ def wait_for(condition, processes, what: str, limit: float = 120.0):
 
 @pytest.fixture
 def lighthouse():
-    server = start_lighthouse(LighthouseSettings(min_workers=1, join_timeout=1.0, heartbeat_timeout=2.0))
+    # A dead worker is named by its silent heartbeats (2 s); a live one that is late (a busy machine) is waited for,
+    # so that which workers share a round never depends on how fast the machine is.
+    server = start_lighthouse(LighthouseSettings(min_workers=1, join_timeout=60.0, heartbeat_timeout=2.0))
     yield server
     server.shutdown()
 
